@@ -1,0 +1,52 @@
+//! Async RPC over RDMA: a sans-I/O protocol core and its tokio runtime.
+//!
+//! ```ignore
+//! #[rpc_core::service]
+//! pub trait Kv {
+//!     async fn get(&self, key: String) -> Option<Vec<u8>>;
+//!     async fn put(&self, key: String, value: Vec<u8>) -> u64;
+//! }
+//!
+//! // server
+//! let server = rpc_core::Server::bind("tcp://127.0.0.1:7000", ServerConfig::default(), KvServer::new(MyKv)).await?;
+//! // client
+//! let kv = KvClient::new(rpc_core::Client::connect("tcp://127.0.0.1:7000", ClientConfig::default()).await?);
+//! let v = kv.with_options(CallOptions::new().deadline(Duration::from_millis(50))).get("k".into()).await?;
+//! ```
+//!
+//! # Layers
+//! * [`proto`]: the wire protocol as a state machine (no I/O, no tokio, time passed in).
+//! * [`runtime`]: one driver task per connection that feeds the state machine from a
+//!   [`rpc_transport::Connection`] and runs handlers; [`Client`] and [`Server`] handles.
+//! * `rpc_transport`: the verbs-shaped seam and its backends (`mem`, `tcp`, `rdma`).
+//!
+//! # Cancel safety
+//! Dropping a call future before it completes cancels the call: a Cancel frame goes to the
+//! server (which aborts the handler and revokes whatever it advertised), and the request's
+//! region, if one was registered, is revoked. Buffers of operations in flight belong to the
+//! connection's driver until their completions arrive, never to the dropped future.
+
+#![warn(missing_docs)]
+
+pub mod codec;
+mod error;
+pub mod proto;
+pub mod runtime;
+mod service;
+
+pub use error::{CallError, ConnectError, RemoteError, ServiceError};
+pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode};
+pub use rpc_macros::service;
+pub use rpc_transport as transport;
+pub use runtime::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig};
+pub use service::{MethodDesc, Service};
+
+#[doc(hidden)]
+pub mod __private {
+    //! Used by the code `#[service]` generates; not a public API.
+    pub use crate::service::{assert_unique_ids, call, method_id, serve, unknown_method};
+    pub use ::bytes::Bytes;
+    pub use ::futures::future::BoxFuture;
+    pub use ::serde;
+    pub use ::std::sync::Arc;
+}

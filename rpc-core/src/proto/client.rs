@@ -1,0 +1,383 @@
+//! The client end of a connection: issues calls, receives responses.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rpc_transport::{RKey, ReadError, RegionDesc, WrId};
+
+use super::config::{PeerLimits, ProtoConfig};
+use super::deadlines::DeadlineQueue;
+use super::error::ProtoError;
+use super::header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN};
+use super::link::{Link, Op};
+use super::stats::ProtoStats;
+use super::wire::{decode_desc, encode_desc, WireError};
+use super::{CallInfo, MethodId, Path};
+
+/// Why a call failed, as the protocol sees it (the runtime maps it to its public error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallFailure {
+    /// The server answered with an error.
+    Remote(WireError),
+    /// The deadline passed first.
+    DeadlineExceeded,
+    /// READing the advertised response failed.
+    ReadFailed(ReadError),
+    /// The advertised response is larger than this side accepts.
+    TooLarge {
+        /// Advertised length.
+        len: u64,
+        /// Our limit.
+        max: u64,
+    },
+    /// Registering the request payload failed.
+    RegisterFailed(String),
+    /// The connection died.
+    Disconnected(String),
+}
+
+/// Why a call could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// That id is in use.
+    #[error("call id {0} is already in use")]
+    DuplicateId(u64),
+    /// Call id 0 is reserved.
+    #[error("call id 0 is reserved")]
+    ZeroId,
+    /// `max_in_flight` calls are in progress.
+    #[error("too many calls in flight ({0})")]
+    TooManyInFlight(u32),
+    /// The payload exceeds what the server accepts.
+    #[error("request of {len} bytes exceeds the server's limit of {max}")]
+    TooLarge {
+        /// Payload length.
+        len: u64,
+        /// The server's limit.
+        max: u64,
+    },
+}
+
+/// Something the application must learn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// A call finished (successfully or not). Exactly one per started call, unless cancelled.
+    Completed {
+        /// Which call.
+        call_id: u64,
+        /// The response payload, or why there is none.
+        result: Result<Bytes, CallFailure>,
+        /// Which path each direction took.
+        info: CallInfo,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for the request payload's registration.
+    Registering,
+    /// The request is queued or sent.
+    AwaitingResponse,
+    /// READing the advertised response.
+    ReadingResponse,
+}
+
+#[derive(Debug)]
+struct Call {
+    method: MethodId,
+    state: State,
+    timeout: Option<Duration>,
+    deadline: Option<Instant>,
+    request_region: Option<RKey>,
+    info: CallInfo,
+}
+
+/// The client end's state machine. See the [module docs](super) for the calling protocol.
+pub struct ClientProto {
+    link: Link,
+    calls: HashMap<u64, Call>,
+    deadlines: DeadlineQueue,
+    events: VecDeque<ClientEvent>,
+    max_in_flight: u32,
+    peer_max_message: u64,
+}
+
+impl std::fmt::Debug for ClientProto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientProto").field("calls", &self.calls.len()).finish_non_exhaustive()
+    }
+}
+
+impl ClientProto {
+    /// A client end with our config and what setup told us of the server.
+    pub fn new(config: &ProtoConfig, peer: &PeerLimits) -> ClientProto {
+        ClientProto {
+            link: Link::new(config.recv_depth, config.eager_threshold, config.max_message_size, peer),
+            calls: HashMap::new(),
+            deadlines: DeadlineQueue::default(),
+            events: VecDeque::new(),
+            max_in_flight: config.max_in_flight,
+            peer_max_message: peer.hello.max_message_size,
+        }
+    }
+
+    /// Starts call `call_id` (chosen by the caller, non-zero, unique on this connection).
+    /// `timeout` travels as a relative duration; the call fails locally when it passes.
+    pub fn start_call(
+        &mut self,
+        call_id: u64,
+        method: MethodId,
+        payload: Bytes,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<(), StartError> {
+        if call_id == 0 {
+            return Err(StartError::ZeroId);
+        }
+        if self.calls.contains_key(&call_id) {
+            return Err(StartError::DuplicateId(call_id));
+        }
+        if self.calls.len() >= self.max_in_flight as usize {
+            return Err(StartError::TooManyInFlight(self.max_in_flight));
+        }
+        let len = payload.len() as u64;
+        if len > self.peer_max_message {
+            return Err(StartError::TooLarge { len, max: self.peer_max_message });
+        }
+        let deadline = timeout.map(|t| now + t);
+        if let Some(at) = deadline {
+            self.deadlines.push(at, call_id);
+        }
+        let mut call = Call {
+            method,
+            state: State::AwaitingResponse,
+            timeout,
+            deadline,
+            request_region: None,
+            info: CallInfo::default(),
+        };
+        if payload.len() <= self.link.eager_limit {
+            self.link.stats.eager_sent += 1;
+            self.queue_request(call_id, method, timeout, 0, payload);
+        } else {
+            call.state = State::Registering;
+            call.info.request = Path::Rendezvous;
+            self.link.push_op(Op::Register { call_id, data: payload });
+        }
+        self.calls.insert(call_id, call);
+        Ok(())
+    }
+
+    fn queue_request(&mut self, call_id: u64, method: MethodId, timeout: Option<Duration>, flags: u16, body: Bytes) {
+        let mut h = Header::new(Kind::Request);
+        h.call_id = call_id;
+        h.method_id = method;
+        h.flags = flags;
+        // Relative deadline in microseconds, at least 1 so that it is not read as "none".
+        h.arg = timeout.map_or(0, |t| (t.as_micros().min(u64::MAX as u128) as u64).max(1));
+        self.link.queue(h, body);
+    }
+
+    /// Reports the outcome of an [`Op::Register`].
+    pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
+        let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::Registering) else {
+            // Cancelled (or expired) while registering: revoke at once.
+            if let Ok(desc) = result {
+                self.revoke(desc.rkey);
+            }
+            return;
+        };
+        match result {
+            Ok(desc) => {
+                call.state = State::AwaitingResponse;
+                call.request_region = Some(desc.rkey);
+                self.link.stats.regions_registered += 1;
+                self.link.stats.rendezvous_sent += 1;
+                let (method, timeout) = (call.method, call.timeout);
+                let body = Bytes::copy_from_slice(&encode_desc(&desc));
+                self.queue_request(call_id, method, timeout, FLAG_RENDEZVOUS, body);
+            }
+            Err(e) => self.complete(call_id, Err(CallFailure::RegisterFailed(e))),
+        }
+    }
+
+    /// Handles one received frame. An error is fatal: close the connection and call
+    /// [`ClientProto::fail_all`].
+    pub fn handle_recv(&mut self, frame: &[u8]) -> Result<(), ProtoError> {
+        let header = Header::decode(frame)?;
+        self.link.on_frame_received(&header)?;
+        if header.done != 0 {
+            self.on_done(header.done);
+        }
+        match header.kind {
+            Kind::Response => self.on_response(&header, &frame[HEADER_LEN..]),
+            Kind::Credit => Ok(()),
+            other => Err(ProtoError::UnexpectedKind(other)),
+        }
+    }
+
+    /// The server finished READing our request payload: revoke its key.
+    fn on_done(&mut self, call_id: u64) {
+        if let Some(rkey) = self.calls.get_mut(&call_id).and_then(|c| c.request_region.take()) {
+            self.revoke(rkey);
+        }
+    }
+
+    fn on_response(&mut self, header: &Header, body: &[u8]) -> Result<(), ProtoError> {
+        let call_id = header.call_id;
+        let Some(call) = self.calls.get_mut(&call_id) else {
+            // A response to a call we cancelled: the server learns of the cancel and releases
+            // whatever it advertised.
+            return Ok(());
+        };
+        if call.state != State::AwaitingResponse {
+            return Err(ProtoError::UnexpectedKind(Kind::Response));
+        }
+        let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
+        if header.flags & FLAG_ERROR != 0 {
+            if rendezvous {
+                return Err(ProtoError::UnknownFlags(header.flags));
+            }
+            self.complete(call_id, Err(CallFailure::Remote(WireError::decode(body))));
+            return Ok(());
+        }
+        if !rendezvous {
+            self.link.stats.eager_received += 1;
+            self.complete(call_id, Ok(Bytes::copy_from_slice(body)));
+            return Ok(());
+        }
+        let desc = decode_desc(body)?;
+        call.info.response = Path::Rendezvous;
+        if desc.len > self.link.max_message_size {
+            let max = self.link.max_message_size;
+            self.link.report_done(call_id);
+            self.complete(call_id, Err(CallFailure::TooLarge { len: desc.len, max }));
+            return Ok(());
+        }
+        call.state = State::ReadingResponse;
+        self.link.stats.reads_issued += 1;
+        self.link.push_op(Op::Read { wr_id: call_id, remote: desc });
+        Ok(())
+    }
+
+    /// Reports the outcome of an [`Op::Read`].
+    pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>) {
+        let reading = self.calls.get(&wr_id).is_some_and(|c| c.state == State::ReadingResponse);
+        if !reading {
+            return; // cancelled or expired meanwhile; the buffer is simply dropped now
+        }
+        self.link.report_done(wr_id);
+        match result {
+            Ok(data) => {
+                self.link.stats.rendezvous_received += 1;
+                self.link.stats.bytes_read += data.len() as u64;
+                self.complete(wr_id, Ok(Bytes::from(data)));
+            }
+            Err(e) => self.complete(wr_id, Err(CallFailure::ReadFailed(e))),
+        }
+    }
+
+    /// Reports a SEND completion. A failed SEND is fatal for the connection.
+    pub fn handle_send_complete(&mut self, _wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError> {
+        result.map_err(ProtoError::SendFailed)
+    }
+
+    /// Abandons a call: the server is told (it aborts the handler and releases what it
+    /// advertised) and our request region, if any, is revoked. No event follows.
+    /// Returns whether the call was in progress.
+    pub fn cancel(&mut self, call_id: u64) -> bool {
+        let Some(call) = self.calls.remove(&call_id) else { return false };
+        self.link.stats.cancels += 1;
+        self.abandon(call_id, call);
+        true
+    }
+
+    fn abandon(&mut self, call_id: u64, call: Call) {
+        if call.state != State::Registering {
+            let mut h = Header::new(Kind::Cancel);
+            h.call_id = call_id;
+            self.link.queue(h, Bytes::new());
+        }
+        if let Some(rkey) = call.request_region {
+            self.revoke(rkey);
+        }
+    }
+
+    /// Expires the calls whose deadline has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for (call_id, at) in self.deadlines.expired(now) {
+            let live = self.calls.get(&call_id).is_some_and(|c| c.deadline == Some(at));
+            if let (true, Some(call)) = (live, self.calls.remove(&call_id)) {
+                self.link.stats.deadlines_expired += 1;
+                let info = call.info;
+                self.abandon(call_id, call);
+                self.events.push_back(ClientEvent::Completed {
+                    call_id,
+                    result: Err(CallFailure::DeadlineExceeded),
+                    info,
+                });
+            }
+        }
+    }
+
+    /// When [`ClientProto::handle_timeout`] must next be called.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let calls = &self.calls;
+        self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)))
+    }
+
+    /// The connection is dead: every call in progress completes with `Disconnected`.
+    pub fn fail_all(&mut self, reason: &str) {
+        let mut ids: Vec<u64> = self.calls.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Some(call) = self.calls.remove(&id) {
+                let result = Err(CallFailure::Disconnected(reason.to_string()));
+                self.events.push_back(ClientEvent::Completed { call_id: id, result, info: call.info });
+            }
+        }
+    }
+
+    fn complete(&mut self, call_id: u64, result: Result<Bytes, CallFailure>) {
+        if let Some(call) = self.calls.remove(&call_id) {
+            if let Some(rkey) = call.request_region {
+                self.revoke(rkey);
+            }
+            self.link.stats.calls_completed += 1;
+            self.events.push_back(ClientEvent::Completed { call_id, result, info: call.info });
+        }
+    }
+
+    fn revoke(&mut self, rkey: RKey) {
+        self.link.stats.keys_revoked += 1;
+        self.link.push_op(Op::Deregister { rkey });
+    }
+
+    /// The next operation to post.
+    pub fn poll_op(&mut self) -> Option<Op> {
+        self.link.poll_op()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// Calls in progress.
+    pub fn calls_in_flight(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ProtoStats {
+        self.link.stats
+    }
+
+    /// Credits left towards the server (for tests).
+    pub fn peer_credits(&self) -> u32 {
+        self.link.peer_credits()
+    }
+}

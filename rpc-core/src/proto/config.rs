@@ -1,0 +1,113 @@
+//! Protocol configuration and the hello exchanged at connection setup.
+
+use super::error::ProtoError;
+use super::header::HEADER_LEN;
+use super::wire::{DESC_LEN, MAX_ERROR_MESSAGE};
+
+/// Protocol settings of one side of a connection. Both sides send theirs in the hello; each
+/// side's limits bind what the other may send it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ProtoConfig {
+    /// Payloads up to this many bytes travel inline in one SEND (eager); larger ones are
+    /// advertised and READ by the peer (rendezvous). Default 8 KiB. The receive buffers are sized
+    /// from it, so the memory cost is `recv_depth * (eager_threshold + 40)` bytes per connection.
+    pub eager_threshold: usize,
+    /// Receive buffers posted per connection, i.e. the credits granted to the peer. Default 64,
+    /// minimum 4.
+    pub recv_depth: u32,
+    /// Calls in progress at once on one connection (client: outstanding calls; server: calls
+    /// accepted and not yet answered). Default 1024.
+    pub max_in_flight: u32,
+    /// Largest payload (request or response) accepted from the peer. Default 1 GiB.
+    pub max_message_size: u64,
+}
+
+impl Default for ProtoConfig {
+    fn default() -> Self {
+        ProtoConfig { eager_threshold: 8192, recv_depth: 64, max_in_flight: 1024, max_message_size: 1 << 30 }
+    }
+}
+
+impl ProtoConfig {
+    /// Sets [`ProtoConfig::eager_threshold`] (clamped to at least 64 bytes).
+    pub fn eager_threshold(mut self, bytes: usize) -> Self {
+        self.eager_threshold = bytes.max(64);
+        self
+    }
+    /// Sets [`ProtoConfig::recv_depth`] (clamped to at least 4).
+    pub fn recv_depth(mut self, depth: u32) -> Self {
+        self.recv_depth = depth.clamp(4, u16::MAX as u32);
+        self
+    }
+    /// Sets [`ProtoConfig::max_in_flight`] (at least 1).
+    pub fn max_in_flight(mut self, calls: u32) -> Self {
+        self.max_in_flight = calls.max(1);
+        self
+    }
+    /// Sets [`ProtoConfig::max_message_size`].
+    pub fn max_message_size(mut self, bytes: u64) -> Self {
+        self.max_message_size = bytes;
+        self
+    }
+    /// Size of each receive buffer: the largest frame this side accepts.
+    pub fn recv_size(&self) -> u32 {
+        let frame = HEADER_LEN + self.eager_threshold.max(DESC_LEN).max(2 + MAX_ERROR_MESSAGE);
+        frame.min(u32::MAX as usize) as u32
+    }
+    /// The hello this side sends in the connection's private data.
+    pub fn hello(&self) -> Hello {
+        Hello { eager_threshold: self.eager_threshold as u32, max_message_size: self.max_message_size }
+    }
+}
+
+/// What each side tells the other at setup (carried as transport private data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's eager threshold.
+    pub eager_threshold: u32,
+    /// Largest payload the sender accepts.
+    pub max_message_size: u64,
+}
+
+const HELLO_MAGIC: &[u8; 4] = b"RPCH";
+const HELLO_LEN: usize = 4 + 1 + 4 + 8;
+
+impl Hello {
+    /// Encodes: magic "RPCH", version, eager threshold u32, max message u64.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HELLO_LEN);
+        out.extend_from_slice(HELLO_MAGIC);
+        out.push(super::header::VERSION);
+        out.extend_from_slice(&self.eager_threshold.to_le_bytes());
+        out.extend_from_slice(&self.max_message_size.to_le_bytes());
+        out
+    }
+
+    /// Decodes and checks magic and version.
+    pub fn decode(b: &[u8]) -> Result<Hello, ProtoError> {
+        let bad = |why: &str| ProtoError::Handshake(why.to_string());
+        if b.len() != HELLO_LEN || &b[..4] != HELLO_MAGIC {
+            return Err(bad("peer is not an rpc-core endpoint (bad hello)"));
+        }
+        if b[4] != super::header::VERSION {
+            return Err(bad(&format!("peer speaks protocol version {}", b[4])));
+        }
+        let mut t = [0u8; 4];
+        t.copy_from_slice(&b[5..9]);
+        let mut m = [0u8; 8];
+        m.copy_from_slice(&b[9..17]);
+        Ok(Hello { eager_threshold: u32::from_le_bytes(t), max_message_size: u64::from_le_bytes(m) })
+    }
+}
+
+/// What the protocol knows of the peer once the connection is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerLimits {
+    /// Receives the peer posted: our initial credits.
+    pub recv_depth: u32,
+    /// The peer's receive buffer size: our largest frame.
+    pub recv_size: u32,
+    /// The peer's hello.
+    pub hello: Hello,
+}

@@ -1,0 +1,363 @@
+//! The server end of a connection: receives requests, sends responses.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rpc_transport::{RKey, ReadError, RegionDesc, WrId};
+
+use super::config::{PeerLimits, ProtoConfig};
+use super::deadlines::DeadlineQueue;
+use super::error::ProtoError;
+use super::header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN};
+use super::link::{Link, Op};
+use super::stats::ProtoStats;
+use super::wire::{decode_desc, encode_desc, WireError, WireErrorCode};
+use super::{MethodId, Path};
+
+/// Why a handler must stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The client cancelled the call.
+    Cancelled,
+    /// The call's deadline passed.
+    DeadlineExceeded,
+}
+
+/// Something the application must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// Run a handler, then call [`ServerProto::respond`].
+    Request {
+        /// Which call.
+        call_id: u64,
+        /// Which method.
+        method: MethodId,
+        /// The arguments' encoding.
+        payload: Bytes,
+        /// The time the client allows, relative to when the request arrived.
+        timeout: Option<Duration>,
+        /// How the payload travelled.
+        path: Path,
+    },
+    /// Abort the handler of this call; its response would be dropped.
+    Cancel {
+        /// Which call.
+        call_id: u64,
+        /// Why.
+        reason: CancelReason,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// READing the advertised request payload.
+    ReadingRequest,
+    /// The handler runs.
+    Running,
+    /// Waiting for the response payload's registration.
+    Registering,
+    /// The response was advertised; waiting for the client's READ-done report.
+    AwaitingDone,
+}
+
+#[derive(Debug)]
+struct Call {
+    method: MethodId,
+    state: State,
+    timeout: Option<Duration>,
+    deadline: Option<Instant>,
+    response_region: Option<RKey>,
+}
+
+/// The server end's state machine. See the [module docs](super) for the calling protocol.
+pub struct ServerProto {
+    link: Link,
+    calls: HashMap<u64, Call>,
+    deadlines: DeadlineQueue,
+    events: VecDeque<ServerEvent>,
+    max_in_flight: u32,
+    peer_max_message: u64,
+    shutting_down: bool,
+}
+
+impl std::fmt::Debug for ServerProto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerProto").field("calls", &self.calls.len()).finish_non_exhaustive()
+    }
+}
+
+impl ServerProto {
+    /// A server end with our config and what setup told us of the client.
+    pub fn new(config: &ProtoConfig, peer: &PeerLimits) -> ServerProto {
+        ServerProto {
+            link: Link::new(config.recv_depth, config.eager_threshold, config.max_message_size, peer),
+            calls: HashMap::new(),
+            deadlines: DeadlineQueue::default(),
+            events: VecDeque::new(),
+            max_in_flight: config.max_in_flight,
+            peer_max_message: peer.hello.max_message_size,
+            shutting_down: false,
+        }
+    }
+
+    /// Handles one received frame at time `now`. An error is fatal: close the connection.
+    pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
+        let header = Header::decode(frame)?;
+        self.link.on_frame_received(&header)?;
+        if header.done != 0 {
+            self.on_done(header.done);
+        }
+        match header.kind {
+            Kind::Request => self.on_request(&header, &frame[HEADER_LEN..], now),
+            Kind::Cancel => {
+                self.on_cancel(header.call_id, CancelReason::Cancelled);
+                Ok(())
+            }
+            Kind::Credit => Ok(()),
+            Kind::Response => Err(ProtoError::UnexpectedKind(Kind::Response)),
+        }
+    }
+
+    fn on_request(&mut self, header: &Header, body: &[u8], now: Instant) -> Result<(), ProtoError> {
+        let call_id = header.call_id;
+        if self.calls.contains_key(&call_id) {
+            return Err(ProtoError::DuplicateCall(call_id));
+        }
+        let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
+        let desc = if rendezvous { Some(decode_desc(body)?) } else { None };
+        if let Some(refusal) = self.refusal(desc.as_ref()) {
+            if rendezvous {
+                self.link.report_done(call_id); // we will not READ it: the client may revoke
+            }
+            self.queue_error(call_id, &refusal);
+            return Ok(());
+        }
+        let timeout = (header.arg != 0).then(|| Duration::from_micros(header.arg));
+        let deadline = timeout.and_then(|t| now.checked_add(t));
+        if let Some(at) = deadline {
+            self.deadlines.push(at, call_id);
+        }
+        let mut call = Call { method: header.method_id, state: State::Running, timeout, deadline, response_region: None };
+        match desc {
+            Some(remote) => {
+                call.state = State::ReadingRequest;
+                self.link.stats.reads_issued += 1;
+                self.link.push_op(Op::Read { wr_id: call_id, remote });
+            }
+            None => {
+                self.link.stats.eager_received += 1;
+                self.events.push_back(ServerEvent::Request {
+                    call_id,
+                    method: call.method,
+                    payload: Bytes::copy_from_slice(body),
+                    timeout,
+                    path: Path::Eager,
+                });
+            }
+        }
+        self.calls.insert(call_id, call);
+        Ok(())
+    }
+
+    /// Why a new request must be refused, if it must.
+    fn refusal(&self, desc: Option<&RegionDesc>) -> Option<WireError> {
+        if self.shutting_down {
+            return Some(WireError::new(WireErrorCode::ShuttingDown, "server is shutting down"));
+        }
+        if self.calls.len() >= self.max_in_flight as usize {
+            let msg = format!("{} calls in progress on this connection", self.calls.len());
+            return Some(WireError::new(WireErrorCode::Overloaded, msg));
+        }
+        match desc {
+            Some(d) if d.len > self.link.max_message_size => Some(WireError::new(
+                WireErrorCode::PayloadTooLarge,
+                format!("request of {} bytes exceeds the server's limit of {}", d.len, self.link.max_message_size),
+            )),
+            _ => None,
+        }
+    }
+
+    /// Reports the outcome of an [`Op::Read`] of a request payload.
+    pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>) {
+        let Some(call) = self.calls.get_mut(&wr_id).filter(|c| c.state == State::ReadingRequest) else {
+            return; // cancelled or expired meanwhile
+        };
+        self.link.report_done(wr_id);
+        match result {
+            Ok(data) => {
+                call.state = State::Running;
+                self.link.stats.rendezvous_received += 1;
+                self.link.stats.bytes_read += data.len() as u64;
+                self.events.push_back(ServerEvent::Request {
+                    call_id: wr_id,
+                    method: call.method,
+                    payload: Bytes::from(data),
+                    timeout: call.timeout,
+                    path: Path::Rendezvous,
+                });
+            }
+            Err(e) => {
+                self.calls.remove(&wr_id);
+                let err = WireError::new(WireErrorCode::ReadFailed, format!("reading the request: {e}"));
+                self.queue_error(wr_id, &err);
+            }
+        }
+    }
+
+    /// Answers a call whose handler finished. Answers to calls that were cancelled or expired
+    /// meanwhile are dropped (returns `false`).
+    pub fn respond(&mut self, call_id: u64, result: Result<Bytes, WireError>) -> bool {
+        let running = self.calls.get(&call_id).is_some_and(|c| c.state == State::Running);
+        if !running {
+            return false;
+        }
+        let payload = match result {
+            Ok(p) if p.len() as u64 > self.peer_max_message => Err(WireError::new(
+                WireErrorCode::PayloadTooLarge,
+                format!("response of {} bytes exceeds the client's limit of {}", p.len(), self.peer_max_message),
+            )),
+            other => other,
+        };
+        match payload {
+            Err(e) => {
+                self.calls.remove(&call_id);
+                self.queue_error(call_id, &e);
+            }
+            Ok(p) if p.len() <= self.link.eager_limit => {
+                self.calls.remove(&call_id);
+                self.link.stats.eager_sent += 1;
+                self.link.stats.calls_completed += 1;
+                self.queue_response(call_id, 0, p);
+            }
+            Ok(p) => {
+                if let Some(call) = self.calls.get_mut(&call_id) {
+                    call.state = State::Registering;
+                }
+                self.link.push_op(Op::Register { call_id, data: p });
+            }
+        }
+        true
+    }
+
+    /// Reports the outcome of an [`Op::Register`] of a response payload.
+    pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
+        let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::Registering) else {
+            if let Ok(desc) = result {
+                self.revoke(desc.rkey);
+            }
+            return;
+        };
+        match result {
+            Ok(desc) => {
+                call.state = State::AwaitingDone;
+                call.response_region = Some(desc.rkey);
+                self.link.stats.regions_registered += 1;
+                self.link.stats.rendezvous_sent += 1;
+                self.link.stats.calls_completed += 1;
+                self.queue_response(call_id, FLAG_RENDEZVOUS, Bytes::copy_from_slice(&encode_desc(&desc)));
+            }
+            Err(e) => {
+                self.calls.remove(&call_id);
+                let err = WireError::new(WireErrorCode::Handler, format!("registering the response: {e}"));
+                self.queue_error(call_id, &err);
+            }
+        }
+    }
+
+    /// Reports a SEND completion. A failed SEND is fatal for the connection.
+    pub fn handle_send_complete(&mut self, _wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError> {
+        result.map_err(ProtoError::SendFailed)
+    }
+
+    /// The client finished READing our response: revoke the key, forget the call.
+    fn on_done(&mut self, call_id: u64) {
+        let awaiting = self.calls.get(&call_id).is_some_and(|c| c.state == State::AwaitingDone);
+        if awaiting {
+            if let Some(rkey) = self.calls.remove(&call_id).and_then(|c| c.response_region) {
+                self.revoke(rkey);
+            }
+        }
+    }
+
+    fn on_cancel(&mut self, call_id: u64, reason: CancelReason) {
+        let Some(call) = self.calls.remove(&call_id) else { return };
+        match reason {
+            CancelReason::Cancelled => self.link.stats.cancels += 1,
+            CancelReason::DeadlineExceeded => self.link.stats.deadlines_expired += 1,
+        }
+        if let Some(rkey) = call.response_region {
+            self.revoke(rkey);
+        }
+        if matches!(call.state, State::ReadingRequest | State::Running) {
+            self.events.push_back(ServerEvent::Cancel { call_id, reason });
+        }
+    }
+
+    /// Expires the calls whose deadline has passed: their handlers are cancelled, whatever they
+    /// advertised is revoked, and no response is sent (the client's deadline has passed too).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for (call_id, at) in self.deadlines.expired(now) {
+            if self.calls.get(&call_id).is_some_and(|c| c.deadline == Some(at)) {
+                self.on_cancel(call_id, CancelReason::DeadlineExceeded);
+            }
+        }
+    }
+
+    /// When [`ServerProto::handle_timeout`] must next be called.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let calls = &self.calls;
+        self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)))
+    }
+
+    /// Stops taking new calls (they are answered `ShuttingDown`); calls in progress go on.
+    pub fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+    }
+
+    /// No call in progress and nothing waiting to be sent.
+    pub fn is_idle(&self) -> bool {
+        self.calls.is_empty() && !self.link.has_queued_frames()
+    }
+
+    /// The connection is dead: forget every call (the runtime aborts their handlers).
+    pub fn fail_all(&mut self) {
+        self.calls.clear();
+    }
+
+    fn queue_response(&mut self, call_id: u64, flags: u16, body: Bytes) {
+        let mut h = Header::new(Kind::Response);
+        h.call_id = call_id;
+        h.flags = flags;
+        self.link.queue(h, body);
+    }
+
+    fn queue_error(&mut self, call_id: u64, err: &WireError) {
+        self.queue_response(call_id, FLAG_ERROR, Bytes::from(err.encode()));
+    }
+
+    fn revoke(&mut self, rkey: RKey) {
+        self.link.stats.keys_revoked += 1;
+        self.link.push_op(Op::Deregister { rkey });
+    }
+
+    /// The next operation to post.
+    pub fn poll_op(&mut self) -> Option<Op> {
+        self.link.poll_op()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+        self.events.pop_front()
+    }
+
+    /// Calls in progress.
+    pub fn calls_in_flight(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ProtoStats {
+        self.link.stats
+    }
+}

@@ -1,0 +1,37 @@
+//! Protocol counters of one connection.
+
+/// Counters kept by the protocol core of one connection; cheap to copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProtoStats {
+    /// Frames handed to the transport.
+    pub frames_sent: u64,
+    /// Frames received.
+    pub frames_received: u64,
+    /// Credit-only frames sent.
+    pub credit_frames: u64,
+    /// Times a frame had to wait for credits.
+    pub credit_stalls: u64,
+    /// Payloads sent inline.
+    pub eager_sent: u64,
+    /// Payloads advertised for READ.
+    pub rendezvous_sent: u64,
+    /// Payloads received inline.
+    pub eager_received: u64,
+    /// Payloads pulled with a READ.
+    pub rendezvous_received: u64,
+    /// READs issued.
+    pub reads_issued: u64,
+    /// Bytes pulled with READs.
+    pub bytes_read: u64,
+    /// Regions registered for the peer.
+    pub regions_registered: u64,
+    /// Keys revoked.
+    pub keys_revoked: u64,
+    /// Calls cancelled (client: cancels sent; server: cancels received).
+    pub cancels: u64,
+    /// Calls whose deadline expired.
+    pub deadlines_expired: u64,
+    /// Calls completed (client: responses delivered; server: responses sent).
+    pub calls_completed: u64,
+}

@@ -1,0 +1,209 @@
+//! Two protocol ends wired together in memory, with a virtual clock: the "fabric" executes the
+//! operations each end asks for (SEND into the peer's posted receives, register, revoke, READ).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rpc_transport::{RKey, ReadError, RegionDesc};
+
+use crate::proto::*;
+
+/// One end's side of the fabric.
+#[derive(Default)]
+pub struct Side {
+    pub regions: HashMap<RKey, Bytes>,
+    pub revoked: Vec<RKey>,
+    next_rkey: RKey,
+    pub inbox: VecDeque<Bytes>,
+    pub posted: u32,
+    pub unexpected: u32,
+    pub reads: VecDeque<(u64, RegionDesc)>,
+}
+
+impl Side {
+    fn new(depth: u32) -> Side {
+        Side { posted: depth, next_rkey: 0x100, ..Side::default() }
+    }
+
+    fn register(&mut self, data: Bytes) -> RegionDesc {
+        self.next_rkey += 1;
+        let desc = RegionDesc { addr: data.as_ptr() as u64, len: data.len() as u64, rkey: self.next_rkey };
+        self.regions.insert(desc.rkey, data);
+        desc
+    }
+
+    pub fn serve_read(&self, remote: &RegionDesc) -> Result<Vec<u8>, ReadError> {
+        let data = self.regions.get(&remote.rkey).ok_or(ReadError::InvalidKey(remote.rkey))?;
+        let off = remote.addr.checked_sub(data.as_ptr() as u64);
+        let end = off.and_then(|o| o.checked_add(remote.len));
+        match (off, end) {
+            (Some(o), Some(e)) if e <= data.len() as u64 => Ok(data[o as usize..e as usize].to_vec()),
+            _ => Err(ReadError::OutOfBounds { addr: remote.addr, len: remote.len }),
+        }
+    }
+}
+
+pub struct Pair {
+    pub client: ClientProto,
+    pub server: ServerProto,
+    pub c: Side,
+    pub s: Side,
+    pub now: Instant,
+    pub client_events: Vec<ClientEvent>,
+    pub server_events: Vec<ServerEvent>,
+    /// While set, READs are queued but not served.
+    pub hold_reads: bool,
+}
+
+pub fn config(threshold: usize, depth: u32) -> ProtoConfig {
+    ProtoConfig::default().eager_threshold(threshold).recv_depth(depth)
+}
+
+fn limits(cfg: &ProtoConfig) -> PeerLimits {
+    PeerLimits { recv_depth: cfg.recv_depth, recv_size: cfg.recv_size(), hello: cfg.hello() }
+}
+
+impl Pair {
+    pub fn new(client_cfg: ProtoConfig, server_cfg: ProtoConfig) -> Pair {
+        Pair {
+            client: ClientProto::new(&client_cfg, &limits(&server_cfg)),
+            server: ServerProto::new(&server_cfg, &limits(&client_cfg)),
+            c: Side::new(client_cfg.recv_depth),
+            s: Side::new(server_cfg.recv_depth),
+            now: Instant::now(),
+            client_events: Vec::new(),
+            server_events: Vec::new(),
+            hold_reads: false,
+        }
+    }
+
+    pub fn with(threshold: usize, depth: u32) -> Pair {
+        Pair::new(config(threshold, depth), config(threshold, depth))
+    }
+
+    /// Runs both ends until nothing moves.
+    pub fn pump(&mut self) {
+        while self.step() {}
+    }
+
+    fn step(&mut self) -> bool {
+        let mut moved = false;
+        while let Some(op) = self.client.poll_op() {
+            moved = true;
+            match op {
+                Op::Send { frame, .. } => deliver(&mut self.s, frame),
+                Op::Register { call_id, data } => {
+                    let d = self.c.register(data);
+                    self.client.handle_registered(call_id, Ok(d));
+                }
+                Op::Deregister { rkey } => revoke(&mut self.c, rkey),
+                Op::Read { wr_id, remote } => self.c.reads.push_back((wr_id, remote)),
+            }
+        }
+        while let Some(op) = self.server.poll_op() {
+            moved = true;
+            match op {
+                Op::Send { frame, .. } => deliver(&mut self.c, frame),
+                Op::Register { call_id, data } => {
+                    let d = self.s.register(data);
+                    self.server.handle_registered(call_id, Ok(d));
+                }
+                Op::Deregister { rkey } => revoke(&mut self.s, rkey),
+                Op::Read { wr_id, remote } => self.s.reads.push_back((wr_id, remote)),
+            }
+        }
+        while let Some(frame) = self.s.inbox.pop_front() {
+            moved = true;
+            self.server.handle_recv(&frame, self.now).expect("server rejected a frame");
+            self.s.posted += 1; // the driver re-posts before the next poll_op
+        }
+        while let Some(frame) = self.c.inbox.pop_front() {
+            moved = true;
+            self.client.handle_recv(&frame).expect("client rejected a frame");
+            self.c.posted += 1;
+        }
+        if !self.hold_reads {
+            moved |= self.serve_reads();
+        }
+        while let Some(e) = self.client.poll_event() {
+            moved = true;
+            self.client_events.push(e);
+        }
+        while let Some(e) = self.server.poll_event() {
+            moved = true;
+            self.server_events.push(e);
+        }
+        moved
+    }
+
+    /// Serves every queued READ against the peer's current region table.
+    pub fn serve_reads(&mut self) -> bool {
+        let mut moved = false;
+        while let Some((wr_id, remote)) = self.c.reads.pop_front() {
+            moved = true;
+            let r = self.s.serve_read(&remote);
+            self.client.handle_read_complete(wr_id, r);
+        }
+        while let Some((wr_id, remote)) = self.s.reads.pop_front() {
+            moved = true;
+            let r = self.c.serve_read(&remote);
+            self.server.handle_read_complete(wr_id, r);
+        }
+        moved
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.client.handle_timeout(self.now);
+        self.server.handle_timeout(self.now);
+        self.pump();
+    }
+
+    pub fn call(&mut self, call_id: u64, payload: Bytes) {
+        self.client.start_call(call_id, 7, payload, None, self.now).expect("start_call");
+    }
+
+    /// Takes the requests the server has been given so far: `(call_id, payload, path)`.
+    pub fn take_requests(&mut self) -> Vec<(u64, Bytes, Path)> {
+        let mut out = Vec::new();
+        self.server_events.retain(|e| match e {
+            ServerEvent::Request { call_id, payload, path, .. } => {
+                out.push((*call_id, payload.clone(), *path));
+                false
+            }
+            _ => true,
+        });
+        out
+    }
+
+    /// Takes the completed calls so far: `(call_id, result, info)`.
+    pub fn take_completions(&mut self) -> Vec<(u64, Result<Bytes, CallFailure>, CallInfo)> {
+        while let Some(e) = self.client.poll_event() {
+            self.client_events.push(e);
+        }
+        self.client_events
+            .drain(..)
+            .map(|ClientEvent::Completed { call_id, result, info }| (call_id, result, info))
+            .collect()
+    }
+}
+
+fn deliver(to: &mut Side, frame: Bytes) {
+    if to.posted == 0 {
+        to.unexpected += 1;
+    } else {
+        to.posted -= 1;
+    }
+    to.inbox.push_back(frame);
+}
+
+fn revoke(side: &mut Side, rkey: RKey) {
+    assert!(side.regions.remove(&rkey).is_some(), "revoked a key twice or an unknown key {rkey:#x}");
+    side.revoked.push(rkey);
+}
+
+/// A payload whose bytes depend on `seed` and the position.
+pub fn payload(len: usize, seed: u8) -> Bytes {
+    Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>())
+}

@@ -1,0 +1,168 @@
+//! What the client and server drivers share: feeding completions into the state machine and
+//! posting the operations it asks for.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use rpc_transport::{Completion, Connection, ReadError, RegionDesc, TransportCounters, TransportError, WrId};
+use tokio::time::Sleep;
+
+use crate::proto::{ClientProto, Op, ProtoError, ProtoStats, ServerProto};
+
+/// Completions taken per poll of the completion queue.
+pub(crate) const COMPLETION_BATCH: usize = 64;
+/// Rounds of (commands, completions, ops) one wake-up may run before yielding to the scheduler.
+pub(crate) const ROUNDS_PER_WAKE: usize = 16;
+
+/// Counters of one connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnStats {
+    /// The protocol's counters.
+    pub proto: ProtoStats,
+    /// The transport's counters.
+    pub transport: TransportCounters,
+    /// Calls in progress.
+    pub calls_in_flight: usize,
+}
+
+/// The inputs both state machines take from the transport.
+pub(crate) trait ProtoEnd {
+    fn handle_frame(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError>;
+    fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
+    fn handle_read(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>);
+    fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>);
+    fn next_op(&mut self) -> Option<Op>;
+    fn timeout(&mut self) -> Option<Instant>;
+    fn expire(&mut self, now: Instant);
+}
+
+macro_rules! impl_proto_end {
+    ($ty:ty, |$p:ident, $frame:ident, $now:ident| $recv:expr) => {
+        impl ProtoEnd for $ty {
+            fn handle_frame(&mut self, $frame: &[u8], $now: Instant) -> Result<(), ProtoError> {
+                let $p = self;
+                $recv
+            }
+            fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError> {
+                self.handle_send_complete(wr_id, result)
+            }
+            fn handle_read(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>) {
+                self.handle_read_complete(wr_id, result)
+            }
+            fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
+                <$ty>::handle_registered(self, call_id, result)
+            }
+            fn next_op(&mut self) -> Option<Op> {
+                self.poll_op()
+            }
+            fn timeout(&mut self) -> Option<Instant> {
+                self.poll_timeout()
+            }
+            fn expire(&mut self, now: Instant) {
+                self.handle_timeout(now)
+            }
+        }
+    };
+}
+
+impl_proto_end!(ClientProto, |p, frame, _now| p.handle_recv(frame));
+impl_proto_end!(ServerProto, |p, frame, now| p.handle_recv(frame, now));
+
+/// Why a connection's driver stops.
+#[derive(Debug)]
+pub(crate) enum Fatal {
+    Transport(TransportError),
+    Protocol(ProtoError),
+}
+
+impl std::fmt::Display for Fatal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fatal::Transport(e) => write!(f, "{e}"),
+            Fatal::Protocol(e) => write!(f, "protocol violation by the peer: {e}"),
+        }
+    }
+}
+
+/// The current time, from tokio's clock (so paused-time tests work).
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Polls the completion queue once and feeds what it returns into `proto`. Returns whether any
+/// completion was handled. Receive buffers are re-posted before the next operation is polled,
+/// as the credit scheme requires.
+pub(crate) fn poll_completions<P: ProtoEnd>(
+    cx: &mut Context<'_>,
+    conn: &mut dyn Connection,
+    proto: &mut P,
+    scratch: &mut Vec<Completion>,
+) -> Result<bool, Fatal> {
+    match conn.poll_completions(cx, scratch, COMPLETION_BATCH) {
+        Poll::Pending => return Ok(false),
+        Poll::Ready(Err(e)) => return Err(Fatal::Transport(e)),
+        Poll::Ready(Ok(())) => {}
+    }
+    let now = now();
+    for completion in scratch.drain(..) {
+        match completion {
+            Completion::Recv { buf } => {
+                let handled = proto.handle_frame(buf.bytes(), now);
+                conn.post_recv(buf).map_err(Fatal::Transport)?;
+                handled.map_err(Fatal::Protocol)?;
+            }
+            Completion::Send { wr_id, result } => {
+                proto.handle_send(wr_id, result.map_err(|e| e.to_string())).map_err(Fatal::Protocol)?;
+            }
+            Completion::Read { wr_id, result } => proto.handle_read(wr_id, result),
+            other => tracing::warn!(?other, "unknown completion kind ignored"),
+        }
+    }
+    Ok(true)
+}
+
+/// Posts every operation the state machine asks for.
+pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) -> Result<(), Fatal> {
+    while let Some(op) = proto.next_op() {
+        match op {
+            Op::Send { wr_id, frame } => conn.post_send(wr_id, frame).map_err(Fatal::Transport)?,
+            Op::Register { call_id, data } => {
+                let result = conn.register(data).map_err(|e| e.to_string());
+                proto.handle_registered(call_id, result);
+            }
+            Op::Deregister { rkey } => {
+                if let Err(e) = conn.deregister(rkey) {
+                    tracing::warn!(rkey, error = %e, "revoking a region failed");
+                }
+            }
+            Op::Read { wr_id, remote } => {
+                let dst = vec![0u8; remote.len as usize];
+                conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs expired deadlines and arms `sleep` for the next one. Returns whether anything expired.
+pub(crate) fn drive_timers<P: ProtoEnd>(cx: &mut Context<'_>, proto: &mut P, sleep: &mut Pin<Box<Sleep>>) -> bool {
+    let mut fired = false;
+    loop {
+        let Some(at) = proto.timeout() else { return fired };
+        let at = tokio::time::Instant::from_std(at);
+        if at <= tokio::time::Instant::now() {
+            proto.expire(now());
+            fired = true;
+            continue;
+        }
+        if sleep.deadline() != at {
+            sleep.as_mut().reset(at);
+        }
+        if sleep.as_mut().poll(cx).is_pending() {
+            return fired;
+        }
+    }
+}

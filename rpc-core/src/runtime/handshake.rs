@@ -1,0 +1,26 @@
+//! Connection setup: our hello goes out as the transport's private data; the peer's comes back.
+
+use bytes::Bytes;
+use rpc_transport::{ConnParams, Connection};
+
+use crate::error::ConnectError;
+use crate::proto::{Hello, PeerLimits, ProtoConfig};
+
+/// Transport parameters for a connection with this protocol config.
+pub(crate) fn conn_params(proto: &ProtoConfig) -> ConnParams {
+    ConnParams {
+        recv_depth: proto.recv_depth,
+        recv_size: proto.recv_size(),
+        private_data: Bytes::from(proto.hello().encode()),
+    }
+}
+
+/// What the peer told us at setup.
+pub(crate) fn peer_limits(conn: &dyn Connection) -> Result<PeerLimits, ConnectError> {
+    let info = conn.info();
+    let hello = Hello::decode(&info.peer_private_data).map_err(|e| ConnectError::Handshake(e.to_string()))?;
+    if info.peer_recv_depth < 2 {
+        return Err(ConnectError::Handshake(format!("peer posted only {} receives", info.peer_recv_depth)));
+    }
+    Ok(PeerLimits { recv_depth: info.peer_recv_depth, recv_size: info.peer_recv_size, hello })
+}

@@ -1,0 +1,14 @@
+//! The tokio runtime around the protocol core: one driver task per connection (the only owner
+//! of the connection and its state machine, so the hot path takes no locks), client handles that
+//! talk to it over a channel, and a server that runs handlers concurrently.
+
+mod client;
+mod config;
+mod driver;
+mod handshake;
+mod server;
+
+pub use client::Client;
+pub use config::{CallOptions, ClientConfig, ServerConfig};
+pub use driver::ConnStats;
+pub use server::Server;

@@ -1,0 +1,276 @@
+//! The transport seam of the framework, shaped like RDMA verbs.
+//!
+//! A [`Connection`] behaves like a reliable-connected queue pair:
+//!
+//! * **Receives are posted in advance.** The transport creates `recv_depth` receive buffers of
+//!   `recv_size` bytes when the connection is set up and posts them *before* the peer can send
+//!   (exactly as a verbs application posts receives before moving a QP to RTR). A receive
+//!   completion hands the [`RecvBuffer`] to the caller, who re-posts it with
+//!   [`Connection::post_recv`] once it has consumed the bytes. A SEND that arrives while no
+//!   receive is posted is counted in [`TransportCounters::recv_unexpected`]; the protocol's credit
+//!   scheme keeps that counter at zero.
+//! * **Two-sided SEND** of a message no larger than the peer's `recv_size`:
+//!   [`Connection::post_send`].
+//! * **Registered memory**: [`Connection::register`] pins a buffer and returns a [`RegionDesc`]
+//!   `(addr, len, rkey)` that may be advertised to the peer. The region is readable by the peer
+//!   (REMOTE_READ only) until [`Connection::deregister`] revokes its key.
+//! * **One-sided READ** of a peer's advertised region into a local buffer:
+//!   [`Connection::post_read`].
+//! * **Completions** arrive on the connection's completion queue, drained with
+//!   [`Connection::poll_completions`], which registers the task's waker when the queue is empty.
+//!
+//! # Buffer ownership
+//!
+//! Every buffer handed to a `post_*` call belongs to that operation until its completion comes
+//! back through [`Connection::poll_completions`] (a send's bytes, a receive buffer, a READ's
+//! destination). Nothing in this API lets a caller free or reuse memory that the transport or the
+//! peer may still touch: the operations take their buffers by value and the completions give them
+//! back. A region handed to [`Connection::register`] is kept alive by the transport at least until
+//! it is deregistered (and, for a READ being served at that moment, until that READ is done).
+//!
+//! # Backends
+//!
+//! * [`mem`]: in-process fabric with fault injection, for tests and docs.
+//! * [`tcp`]: for hosts without RDMA NICs. SEND is a framed message; READ is served by the peer's
+//!   transport from its registered regions after checking key, bounds and registration.
+//! * `rdma` (cargo feature `rdma`): verbs through `sideway`.
+//!
+//! Addresses name a backend: `mem://name`, `tcp://127.0.0.1:7000`, `rdma://10.0.2.15:7471`.
+
+#![warn(missing_docs)]
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+
+mod address;
+mod error;
+pub mod mem;
+mod soft;
+pub mod tcp;
+
+pub use address::{connect, listen, Address};
+pub use error::{ReadError, TransportError};
+
+/// A boxed, `Send` future, as returned by the object-safe parts of the seam.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The identifier a caller gives a posted operation; it comes back in the operation's completion.
+pub type WrId = u64;
+
+/// A remote key: the capability that lets a peer READ one registered region.
+pub type RKey = u32;
+
+/// What a peer needs to READ a registered region: its address, length and remote key.
+///
+/// Only the key makes a READ valid; the address is checked against the region's bounds by the
+/// backend that serves the READ (`tcp`, `mem`) or by the NIC (`rdma`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegionDesc {
+    /// Address of the first byte, in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key (never the local key).
+    pub rkey: RKey,
+}
+
+impl fmt::Debug for RegionDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Region({:#x}+{}, rkey={:#x})", self.addr, self.len, self.rkey)
+    }
+}
+
+/// Parameters of the queue-pair-like connection, fixed at setup time.
+#[derive(Debug, Clone)]
+pub struct ConnParams {
+    /// How many receive buffers the transport posts before the peer can send. Default 64.
+    /// Memory cost: `recv_depth * recv_size` bytes per connection.
+    pub recv_depth: u32,
+    /// Size in bytes of each receive buffer: the largest SEND this side accepts. Default 8 KiB + 128.
+    pub recv_size: u32,
+    /// Opaque bytes given to the peer during connection setup (like rdma_cm private data);
+    /// the protocol uses it for its hello. At most 256 bytes.
+    pub private_data: Bytes,
+}
+
+impl Default for ConnParams {
+    fn default() -> Self {
+        ConnParams { recv_depth: 64, recv_size: 8192 + 128, private_data: Bytes::new() }
+    }
+}
+
+/// Largest private data accepted in [`ConnParams::private_data`].
+pub const MAX_PRIVATE_DATA: usize = 256;
+
+/// Limits of an established connection that the protocol must respect.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The peer's private data from connection setup.
+    pub peer_private_data: Bytes,
+    /// Largest message the peer accepts in one SEND (the peer's `recv_size`).
+    pub peer_recv_size: u32,
+    /// Receives the peer posted before the connection was established (its `recv_depth`).
+    pub peer_recv_depth: u32,
+    /// Largest single READ this connection can issue (the port's max message size for verbs).
+    pub max_read_size: u64,
+    /// READs that may be outstanding at once (negotiated `max_rd_atomic` for verbs).
+    pub max_reads_in_flight: u32,
+    /// A human-readable name of the peer, for logs.
+    pub peer: String,
+    /// The backend's name: `mem`, `tcp`, `rdma`, `shm`.
+    pub backend: &'static str,
+}
+
+/// A receive buffer: owned by the receive queue while posted, by the caller after its completion.
+pub struct RecvBuffer {
+    data: Box<[u8]>,
+    len: usize,
+}
+
+impl RecvBuffer {
+    /// A new buffer of `size` bytes (backends create these; tests may too).
+    pub fn new(size: usize) -> Self {
+        RecvBuffer { data: vec![0; size].into_boxed_slice(), len: 0 }
+    }
+    /// The bytes received in the completion that returned this buffer.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+    /// Capacity: the largest message this buffer can hold.
+    pub fn capacity(&self) -> usize {
+        self.data.len()
+    }
+    /// Fills the buffer with a received message; returns `false` (and leaves it empty) if the
+    /// message does not fit.
+    pub(crate) fn fill(&mut self, msg: &[u8]) -> bool {
+        if msg.len() > self.data.len() {
+            self.len = 0;
+            return false;
+        }
+        self.data[..msg.len()].copy_from_slice(msg);
+        self.len = msg.len();
+        true
+    }
+    /// Raw access for backends that let hardware write into the buffer.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn storage_mut(&mut self) -> &mut [u8] {
+        &mut self.data
+    }
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.data.len());
+    }
+}
+
+impl fmt::Debug for RecvBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvBuffer").field("len", &self.len).field("cap", &self.data.len()).finish()
+    }
+}
+
+/// A completion taken from a connection's completion queue.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Completion {
+    /// A message arrived into a posted receive buffer. Re-post the buffer when done with it.
+    Recv {
+        /// The buffer, holding the message.
+        buf: RecvBuffer,
+    },
+    /// A posted SEND finished (its bytes may be reused), or failed.
+    Send {
+        /// The id given to [`Connection::post_send`].
+        wr_id: WrId,
+        /// `Err` for a flushed or failed send.
+        result: Result<(), TransportError>,
+    },
+    /// A posted READ finished: the destination buffer comes back, filled, or with the error.
+    Read {
+        /// The id given to [`Connection::post_read`].
+        wr_id: WrId,
+        /// The filled destination (exactly the requested length) or why the READ failed.
+        result: Result<Vec<u8>, ReadError>,
+    },
+}
+
+/// Counters a connection keeps; cheap to read at any time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransportCounters {
+    /// SENDs posted.
+    pub sends: u64,
+    /// Messages received into posted buffers.
+    pub recvs: u64,
+    /// Receive buffers (re-)posted, including the initial ones.
+    pub recvs_posted: u64,
+    /// Messages that arrived while no receive was posted (RNR on verbs). Must stay 0.
+    pub recv_unexpected: u64,
+    /// READs this side issued.
+    pub reads_issued: u64,
+    /// Bytes this side READ from the peer.
+    pub bytes_read: u64,
+    /// READs the peer issued against this side that were served.
+    pub reads_served: u64,
+    /// READs the peer issued that were refused (wrong key, out of bounds, revoked).
+    pub reads_refused: u64,
+    /// Regions registered.
+    pub regions_registered: u64,
+    /// Regions deregistered (keys revoked).
+    pub regions_revoked: u64,
+}
+
+/// One end of an established connection, shaped like an RC queue pair plus its completion queue.
+///
+/// All methods are non-blocking. `post_*` calls only queue work; their outcome arrives as a
+/// [`Completion`]. After the connection fails or is closed, pending operations complete with
+/// errors (flushed), and then [`Connection::poll_completions`] returns the error.
+pub trait Connection: Send + fmt::Debug + 'static {
+    /// Limits negotiated at setup, and the peer's private data.
+    fn info(&self) -> &ConnInfo;
+
+    /// Posts a receive buffer (normally one that a [`Completion::Recv`] returned).
+    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError>;
+
+    /// Posts a two-sided SEND of `msg` (at most [`ConnInfo::peer_recv_size`] bytes).
+    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError>;
+
+    /// Registers `data` for remote READ and returns its descriptor. The transport keeps the
+    /// bytes alive until [`Connection::deregister`].
+    fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError>;
+
+    /// Revokes the key of a registered region: later READs with it fail. Unknown keys are an
+    /// error (a double revoke is a bug in the caller).
+    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError>;
+
+    /// Posts a one-sided READ of the peer's region `remote` into `dst`, which must have
+    /// `remote.len` bytes of length; `dst` comes back in the [`Completion::Read`].
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError>;
+
+    /// Moves up to `max` completions into `out`. Returns `Ready(Ok(()))` when at least one was
+    /// moved; `Pending` (with the waker registered) when none is queued; `Ready(Err(_))` once the
+    /// connection is dead and every pending operation has been flushed to `out`.
+    fn poll_completions(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Poll<Result<(), TransportError>>;
+
+    /// Counters since setup.
+    fn counters(&self) -> TransportCounters;
+
+    /// Closes the connection: the peer sees it disconnect, pending operations are flushed.
+    fn close(&mut self);
+}
+
+/// Accepts connections on a bound address.
+pub trait Listener: Send + fmt::Debug + 'static {
+    /// Waits for the next connection; its receives are posted before the peer learns of it.
+    fn accept(&mut self) -> BoxFuture<'_, Result<Box<dyn Connection>, TransportError>>;
+    /// The address actually bound (with the real port for `tcp://...:0`).
+    fn local_addr(&self) -> Address;
+}
