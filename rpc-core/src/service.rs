@@ -62,12 +62,18 @@ pub const fn assert_unique_ids(ids: &[MethodId]) {
 }
 
 /// Client side of a generated method: encodes `args`, calls, decodes the response.
-pub async fn call<Args, Resp>(client: &Client, opts: &CallOptions, method: MethodId, args: &Args) -> Result<Resp, CallError>
+pub async fn call<Args, Resp>(
+    client: &Client,
+    opts: &CallOptions,
+    method: MethodId,
+    args: &Args,
+) -> Result<Resp, CallError>
 where
     Args: Serialize,
     Resp: DeserializeOwned,
 {
-    let payload = crate::codec::encode(args).map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
+    let payload =
+        crate::codec::encode(args).map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
     let response = client.call(method, payload, opts).await?;
     crate::codec::decode(&response).map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
 }
@@ -93,6 +99,9 @@ where
 }
 
 /// Server side, for a method id the service does not have.
-pub fn unknown_method(service: &'static str, method: MethodId) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
+pub fn unknown_method(
+    service: &'static str,
+    method: MethodId,
+) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
     futures::future::ready(Err(ServiceError::UnknownMethod { service, method })).boxed()
 }

@@ -51,6 +51,8 @@ mod error;
 pub mod mem;
 mod soft;
 pub mod tcp;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 
 pub use address::{connect, listen, Address};
 pub use error::{ReadError, TransportError};
@@ -221,6 +223,24 @@ pub struct TransportCounters {
     pub regions_registered: u64,
     /// Regions deregistered (keys revoked).
     pub regions_revoked: u64,
+}
+
+impl TransportCounters {
+    /// Field-by-field sum, for totals over connections.
+    pub fn merged(&self, other: &TransportCounters) -> TransportCounters {
+        let mut out = *self;
+        out.sends += other.sends;
+        out.recvs += other.recvs;
+        out.recvs_posted += other.recvs_posted;
+        out.recv_unexpected += other.recv_unexpected;
+        out.reads_issued += other.reads_issued;
+        out.bytes_read += other.bytes_read;
+        out.reads_served += other.reads_served;
+        out.reads_refused += other.reads_refused;
+        out.regions_registered += other.regions_registered;
+        out.regions_revoked += other.regions_revoked;
+        out
+    }
 }
 
 /// One end of an established connection, shaped like an RC queue pair plus its completion queue.

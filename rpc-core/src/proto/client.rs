@@ -171,7 +171,14 @@ impl ClientProto {
         Ok(())
     }
 
-    fn queue_request(&mut self, call_id: u64, method: MethodId, timeout: Option<Duration>, flags: u16, body: Bytes) {
+    fn queue_request(
+        &mut self,
+        call_id: u64,
+        method: MethodId,
+        timeout: Option<Duration>,
+        flags: u16,
+        body: Bytes,
+    ) {
         let mut h = Header::new(Kind::Request);
         h.call_id = call_id;
         h.method_id = method;
@@ -281,7 +288,11 @@ impl ClientProto {
     }
 
     /// Reports a SEND completion. A failed SEND is fatal for the connection.
-    pub fn handle_send_complete(&mut self, _wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError> {
+    pub fn handle_send_complete(
+        &mut self,
+        _wr_id: WrId,
+        result: Result<(), String>,
+    ) -> Result<(), ProtoError> {
         result.map_err(ProtoError::SendFailed)
     }
 

@@ -73,7 +73,12 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub fn new(own_recv_depth: u32, own_eager_threshold: usize, own_max_message: u64, peer: &PeerLimits) -> Link {
+    pub fn new(
+        own_recv_depth: u32,
+        own_eager_threshold: usize,
+        own_max_message: u64,
+        peer: &PeerLimits,
+    ) -> Link {
         let peer_frame_room = (peer.recv_size as usize).saturating_sub(HEADER_LEN);
         Link {
             peer_credits: peer.recv_depth,

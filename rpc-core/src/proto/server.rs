@@ -138,7 +138,13 @@ impl ServerProto {
         if let Some(at) = deadline {
             self.deadlines.push(at, call_id);
         }
-        let mut call = Call { method: header.method_id, state: State::Running, timeout, deadline, response_region: None };
+        let mut call = Call {
+            method: header.method_id,
+            state: State::Running,
+            timeout,
+            deadline,
+            response_region: None,
+        };
         match desc {
             Some(remote) => {
                 call.state = State::ReadingRequest;
@@ -172,7 +178,10 @@ impl ServerProto {
         match desc {
             Some(d) if d.len > self.link.max_message_size => Some(WireError::new(
                 WireErrorCode::PayloadTooLarge,
-                format!("request of {} bytes exceeds the server's limit of {}", d.len, self.link.max_message_size),
+                format!(
+                    "request of {} bytes exceeds the server's limit of {}",
+                    d.len, self.link.max_message_size
+                ),
             )),
             _ => None,
         }
@@ -215,7 +224,11 @@ impl ServerProto {
         let payload = match result {
             Ok(p) if p.len() as u64 > self.peer_max_message => Err(WireError::new(
                 WireErrorCode::PayloadTooLarge,
-                format!("response of {} bytes exceeds the client's limit of {}", p.len(), self.peer_max_message),
+                format!(
+                    "response of {} bytes exceeds the client's limit of {}",
+                    p.len(),
+                    self.peer_max_message
+                ),
             )),
             other => other,
         };
@@ -266,7 +279,11 @@ impl ServerProto {
     }
 
     /// Reports a SEND completion. A failed SEND is fatal for the connection.
-    pub fn handle_send_complete(&mut self, _wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError> {
+    pub fn handle_send_complete(
+        &mut self,
+        _wr_id: WrId,
+        result: Result<(), String>,
+    ) -> Result<(), ProtoError> {
         result.map_err(ProtoError::SendFailed)
     }
 

@@ -35,3 +35,26 @@ pub struct ProtoStats {
     /// Calls completed (client: responses delivered; server: responses sent).
     pub calls_completed: u64,
 }
+
+impl ProtoStats {
+    /// Field-by-field sum, for totals over connections.
+    pub fn merged(&self, other: &ProtoStats) -> ProtoStats {
+        let mut out = *self;
+        out.frames_sent += other.frames_sent;
+        out.frames_received += other.frames_received;
+        out.credit_frames += other.credit_frames;
+        out.credit_stalls += other.credit_stalls;
+        out.eager_sent += other.eager_sent;
+        out.rendezvous_sent += other.rendezvous_sent;
+        out.eager_received += other.eager_received;
+        out.rendezvous_received += other.rendezvous_received;
+        out.reads_issued += other.reads_issued;
+        out.bytes_read += other.bytes_read;
+        out.regions_registered += other.regions_registered;
+        out.keys_revoked += other.keys_revoked;
+        out.cancels += other.cancels;
+        out.deadlines_expired += other.deadlines_expired;
+        out.calls_completed += other.calls_completed;
+        out
+    }
+}

@@ -87,7 +87,12 @@ impl Client {
 
     /// Calls `method` with an encoded payload; returns the encoded response. Generated stubs
     /// call this; use it directly for dynamic calls.
-    pub async fn call(&self, method: MethodId, payload: Bytes, opts: &CallOptions) -> Result<Bytes, CallError> {
+    pub async fn call(
+        &self,
+        method: MethodId,
+        payload: Bytes,
+        opts: &CallOptions,
+    ) -> Result<Bytes, CallError> {
         self.call_with_info(method, payload, opts).await.map(|(bytes, _)| bytes)
     }
 
@@ -111,7 +116,12 @@ impl Client {
         };
         let remaining = timeout.map(|t| t.saturating_sub(started.elapsed()));
         let call_id = self.shared.next_call_id.fetch_add(1, Ordering::Relaxed);
-        let span = tracing::debug_span!("call", call_id, method = format_args!("{method:#010x}"), len = payload.len());
+        let span = tracing::debug_span!(
+            "call",
+            call_id,
+            method = format_args!("{method:#010x}"),
+            len = payload.len()
+        );
         let (reply, response) = oneshot::channel();
         let command = Command::Call { call_id, method, payload, timeout: remaining, reply };
         if self.shared.commands.send(command).is_err() {

@@ -28,6 +28,17 @@ pub struct ConnStats {
     pub calls_in_flight: usize,
 }
 
+impl ConnStats {
+    /// Field-by-field sum, for totals over connections.
+    pub fn sum(&self, other: &ConnStats) -> ConnStats {
+        ConnStats {
+            proto: self.proto.merged(&other.proto),
+            transport: self.transport.merged(&other.transport),
+            calls_in_flight: self.calls_in_flight + other.calls_in_flight,
+        }
+    }
+}
+
 /// The inputs both state machines take from the transport.
 pub(crate) trait ProtoEnd {
     fn handle_frame(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError>;
@@ -148,7 +159,11 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
 }
 
 /// Runs expired deadlines and arms `sleep` for the next one. Returns whether anything expired.
-pub(crate) fn drive_timers<P: ProtoEnd>(cx: &mut Context<'_>, proto: &mut P, sleep: &mut Pin<Box<Sleep>>) -> bool {
+pub(crate) fn drive_timers<P: ProtoEnd>(
+    cx: &mut Context<'_>,
+    proto: &mut P,
+    sleep: &mut Pin<Box<Sleep>>,
+) -> bool {
     let mut fired = false;
     loop {
         let Some(at) = proto.timeout() else { return fired };

@@ -19,7 +19,7 @@ use tokio::time::Sleep;
 use tracing::Instrument;
 
 use super::config::ServerConfig;
-use super::driver::{self, Fatal, ROUNDS_PER_WAKE};
+use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
 use crate::error::ConnectError;
 use crate::proto::{MethodId, Path, ServerEvent, ServerProto, WireError, WireErrorCode};
@@ -29,6 +29,7 @@ use crate::service::Service;
 /// [`Server::shutdown`] to drain calls in progress first.
 pub struct Server {
     local_addr: Address,
+    board: Arc<StatsBoard>,
     shutdown: watch::Sender<bool>,
     accept_task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -41,7 +42,11 @@ impl fmt::Debug for Server {
 
 impl Server {
     /// Binds `addr` and serves `service` on every connection accepted there.
-    pub async fn bind<S: Service>(addr: &str, config: ServerConfig, service: S) -> Result<Server, ConnectError> {
+    pub async fn bind<S: Service>(
+        addr: &str,
+        config: ServerConfig,
+        service: S,
+    ) -> Result<Server, ConnectError> {
         let addr: Address = addr.parse()?;
         let listener = rpc_transport::listen(&addr, handshake::conn_params(&config.proto)).await?;
         Ok(Server::serve(listener, config, service))
@@ -53,20 +58,27 @@ impl Server {
         let local_addr = listener.local_addr();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let span = tracing::info_span!("server", service = service.name(), addr = %local_addr);
+        let board = Arc::new(StatsBoard::default());
         let acceptor = Acceptor {
             listener,
+            board: board.clone(),
             service: Arc::new(service),
             handler_slots: Arc::new(Semaphore::new(config.max_concurrent_handlers)),
             config,
             shutdown: shutdown_rx,
         };
         let accept_task = tokio::spawn(acceptor.run().instrument(span));
-        Server { local_addr, shutdown, accept_task: Some(accept_task) }
+        Server { local_addr, board, shutdown, accept_task: Some(accept_task) }
     }
 
     /// The bound address (with the real port when bound to port 0).
     pub fn local_addr(&self) -> &Address {
         &self.local_addr
+    }
+
+    /// Counters of every connection this server has had (open and closed), summed.
+    pub fn stats(&self) -> ConnStats {
+        self.board.total()
     }
 
     /// Stops accepting, lets calls in progress finish (new calls on open connections are
@@ -90,6 +102,7 @@ impl Drop for Server {
 
 struct Acceptor {
     listener: Box<dyn Listener>,
+    board: Arc<StatsBoard>,
     service: Arc<dyn Service>,
     handler_slots: Arc<Semaphore>,
     config: ServerConfig,
@@ -145,6 +158,8 @@ impl Acceptor {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             shutdown: shutdown_signal(self.shutdown.clone()),
             draining: false,
+            board: self.board.clone(),
+            board_slot: self.board.slot(),
         };
         connections.spawn(driver.instrument(span));
     }
@@ -165,6 +180,8 @@ struct ServerDriver {
     sleep: Pin<Box<Sleep>>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     draining: bool,
+    board: Arc<StatsBoard>,
+    board_slot: usize,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -232,7 +249,8 @@ impl ServerDriver {
 
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
         self.poll_shutdown(cx);
-        let mut progressed = driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+        let mut progressed =
+            driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.run_events();
         progressed |= self.poll_results(cx);
         progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep);
@@ -241,7 +259,17 @@ impl ServerDriver {
         Ok(progressed)
     }
 
+    fn publish_stats(&self) {
+        let stats = ConnStats {
+            proto: self.proto.stats(),
+            transport: self.conn.counters(),
+            calls_in_flight: self.proto.calls_in_flight(),
+        };
+        self.board.publish(self.board_slot, stats);
+    }
+
     fn stop(&mut self) {
+        self.publish_stats();
         for (_, h) in self.handlers.drain() {
             h.abort();
         }
@@ -273,11 +301,41 @@ impl Future for ServerDriver {
                     return Poll::Ready(());
                 }
                 Ok(true) => continue,
-                Ok(false) => return Poll::Pending,
+                Ok(false) => {
+                    this.publish_stats();
+                    return Poll::Pending;
+                }
             }
         }
+        this.publish_stats();
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+/// The latest counters of each connection a server has had.
+#[derive(Debug, Default)]
+struct StatsBoard {
+    slots: std::sync::Mutex<Vec<ConnStats>>,
+}
+
+impl StatsBoard {
+    fn slot(&self) -> usize {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.push(ConnStats::default());
+        slots.len() - 1
+    }
+
+    fn publish(&self, slot: usize, stats: ConnStats) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slots.get_mut(slot) {
+            *s = stats;
+        }
+    }
+
+    fn total(&self) -> ConnStats {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.iter().fold(ConnStats::default(), |acc, s| acc.sum(s))
     }
 }
 

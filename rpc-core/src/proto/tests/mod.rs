@@ -117,7 +117,13 @@ fn many_calls_with_few_credits_never_overrun_receives() {
     let done = p.take_completions();
     assert_eq!(done.len(), 1000);
     for (id, result, _) in done {
-        let size = if id % 7 == 0 { 2000 } else if id % 10 == 0 { 3000 } else { 16 };
+        let size = if id % 7 == 0 {
+            2000
+        } else if id % 10 == 0 {
+            3000
+        } else {
+            16
+        };
         let seed = id as u8;
         assert_eq!(result.unwrap(), payload(size, seed), "call {id} got its own response");
     }
@@ -215,12 +221,17 @@ fn deadline_travels_as_a_relative_duration_and_expires_at_the_server_too() {
     let mut p = Pair::with(T, 16);
     p.client.start_call(1, 7, payload(8, 0), Some(Duration::from_millis(30)), p.now).unwrap();
     p.pump();
-    p.server_events.retain(|e| !matches!(e, ServerEvent::Request { timeout: Some(t), .. } if *t == Duration::from_millis(30)));
+    p.server_events.retain(
+        |e| !matches!(e, ServerEvent::Request { timeout: Some(t), .. } if *t == Duration::from_millis(30)),
+    );
     assert!(p.server_events.is_empty(), "server saw the 30 ms timeout");
     // Only the server's clock moves: it cancels the handler on its own.
     p.server.handle_timeout(p.now + Duration::from_millis(30));
     p.pump();
-    assert_eq!(p.server_events, vec![ServerEvent::Cancel { call_id: 1, reason: CancelReason::DeadlineExceeded }]);
+    assert_eq!(
+        p.server_events,
+        vec![ServerEvent::Cancel { call_id: 1, reason: CancelReason::DeadlineExceeded }]
+    );
 }
 
 #[test]
@@ -260,7 +271,10 @@ fn remote_errors_arrive_typed() {
     p.server.respond(1, Err(WireError::new(WireErrorCode::UnknownMethod, "no such method")));
     p.pump();
     let done = p.take_completions();
-    assert_eq!(done[0].1, Err(CallFailure::Remote(WireError::new(WireErrorCode::UnknownMethod, "no such method"))));
+    assert_eq!(
+        done[0].1,
+        Err(CallFailure::Remote(WireError::new(WireErrorCode::UnknownMethod, "no such method")))
+    );
 }
 
 #[test]

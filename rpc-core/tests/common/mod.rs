@@ -1,0 +1,156 @@
+//! Shared by the end-to-end tests: a test service and a way to run each test over every
+//! default transport (`mem` and `tcp`).
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rpc_core::{Client, ClientConfig, ProtoConfig, Server, ServerConfig};
+
+/// The threshold the tests use (small, so rendezvous is cheap to exercise).
+pub const THRESHOLD: usize = 4096;
+
+/// Bounds every wait in these tests: nothing may hang.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+#[rpc_core::service]
+pub trait Echo {
+    /// Returns its argument.
+    async fn echo(&self, data: Bytes) -> Bytes;
+    /// Returns `len` bytes (response size chosen by the caller).
+    async fn fill(&self, len: u64, seed: u8) -> Bytes;
+    /// Takes a large request, returns its length.
+    async fn size(&self, data: Bytes) -> u64;
+    /// Sleeps, then answers; records whether it finished or was dropped.
+    async fn slow(&self, millis: u64) -> u64;
+}
+
+/// Records what the handlers of the test service did.
+#[derive(Debug, Default)]
+pub struct Probe {
+    pub slow_started: AtomicUsize,
+    pub slow_finished: AtomicUsize,
+    pub slow_dropped: AtomicUsize,
+    pub calls: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct EchoImpl(pub Arc<Probe>);
+
+struct DropFlag(Arc<Probe>, bool);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.slow_dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Echo for EchoImpl {
+    async fn echo(&self, data: Bytes) -> Bytes {
+        self.0.calls.fetch_add(1, Ordering::Relaxed);
+        data
+    }
+    async fn fill(&self, len: u64, seed: u8) -> Bytes {
+        pattern(len as usize, seed)
+    }
+    async fn size(&self, data: Bytes) -> u64 {
+        data.len() as u64
+    }
+    async fn slow(&self, millis: u64) -> u64 {
+        self.0.slow_started.fetch_add(1, Ordering::SeqCst);
+        let mut flag = DropFlag(self.0.clone(), false);
+        tokio::time::sleep(Duration::from_millis(millis)).await;
+        flag.1 = true;
+        self.0.slow_finished.fetch_add(1, Ordering::SeqCst);
+        millis
+    }
+}
+
+pub fn pattern(len: usize, seed: u8) -> Bytes {
+    Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect::<Vec<u8>>())
+}
+
+/// Transports every default build has.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Mem,
+    Tcp,
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+impl Kind {
+    /// A fresh address to bind.
+    pub fn bind_addr(self) -> String {
+        match self {
+            Kind::Mem => format!("mem://e2e-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)),
+            Kind::Tcp => "tcp://127.0.0.1:0".to_string(),
+        }
+    }
+}
+
+pub fn proto() -> ProtoConfig {
+    ProtoConfig::default().eager_threshold(THRESHOLD).recv_depth(16).max_message_size(256 << 20)
+}
+
+pub struct Setup {
+    pub server: Server,
+    pub client: EchoClient,
+    pub probe: Arc<Probe>,
+    pub addr: String,
+}
+
+pub async fn setup(kind: Kind) -> Setup {
+    setup_with(kind, ServerConfig::default().proto(proto()), ClientConfig::default().proto(proto())).await
+}
+
+pub async fn setup_with(kind: Kind, server_cfg: ServerConfig, client_cfg: ClientConfig) -> Setup {
+    let probe = Arc::new(Probe::default());
+    let server = Server::bind(&kind.bind_addr(), server_cfg, EchoServer::new(EchoImpl(probe.clone())))
+        .await
+        .expect("bind");
+    let addr = server.local_addr().to_string();
+    let client = Client::connect(&addr, client_cfg).await.expect("connect");
+    Setup { server, client: EchoClient::new(client), probe, addr }
+}
+
+/// Waits (bounded) until `cond` holds.
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Runs an async test body once per transport, each bounded by [`LIMIT`].
+#[macro_export]
+macro_rules! over_all_transports {
+    ($(async fn $name:ident($kind:ident: Kind) $body:block)*) => {
+        $(
+            async fn $name($kind: common::Kind) $body
+        )*
+        mod mem {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    tokio::time::timeout(common::LIMIT, super::$name(common::Kind::Mem)).await.expect("test timed out");
+                }
+            )*
+        }
+        mod tcp {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    tokio::time::timeout(common::LIMIT, super::$name(common::Kind::Tcp)).await.expect("test timed out");
+                }
+            )*
+        }
+    };
+}

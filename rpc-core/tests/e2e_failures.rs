@@ -1,0 +1,175 @@
+//! Failure paths over mem and tcp: deadlines, cancellation mid-rendezvous, a peer that dies,
+//! garbage from a peer.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{eventually, pattern, setup, THRESHOLD};
+use rpc_core::proto::{decode_desc, Header, Kind as FrameKind, ProtoConfig, FLAG_RENDEZVOUS, HEADER_LEN};
+use rpc_core::transport::{self, Completion, ConnParams, Connection, ReadError};
+use rpc_core::{CallError, CallOptions, Client, ClientConfig};
+
+/// Connection parameters of a raw peer that speaks the protocol by hand.
+fn raw_params() -> ConnParams {
+    let proto = common::proto();
+    ConnParams {
+        recv_depth: proto.recv_depth,
+        recv_size: proto.recv_size(),
+        private_data: proto.hello().encode().into(),
+    }
+}
+
+/// Waits for the next completion of a raw connection.
+async fn next_completion(conn: &mut dyn Connection) -> Result<Completion, transport::TransportError> {
+    let mut out = Vec::new();
+    futures::future::poll_fn(|cx| conn.poll_completions(cx, &mut out, 1)).await?;
+    Ok(out.remove(0))
+}
+
+/// Waits for the next received frame, re-posting its buffer.
+async fn next_frame(conn: &mut dyn Connection) -> (Header, Vec<u8>) {
+    loop {
+        if let Completion::Recv { buf } = next_completion(conn).await.expect("raw peer completion") {
+            let bytes = buf.bytes().to_vec();
+            conn.post_recv(buf).unwrap();
+            return (Header::decode(&bytes).expect("valid frame"), bytes[HEADER_LEN..].to_vec());
+        }
+    }
+}
+
+over_all_transports! {
+    async fn deadline_exceeded_and_the_handler_is_cancelled(kind: Kind) {
+        let s = setup(kind).await;
+        let c = s.client.with_options(CallOptions::new().deadline(Duration::from_millis(100)));
+        let started = tokio::time::Instant::now();
+        assert_eq!(c.slow(30_000).await, Err(CallError::DeadlineExceeded));
+        assert!(started.elapsed() < Duration::from_secs(10));
+        eventually("the server handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
+        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 0);
+        // The connection is still good.
+        assert_eq!(s.client.echo(Bytes::from_static(b"ok")).await.unwrap(), Bytes::from_static(b"ok"));
+    }
+
+    async fn dropping_a_call_cancels_the_server_handler(kind: Kind) {
+        let s = setup(kind).await;
+        let call = s.client.slow(30_000);
+        let _ = tokio::time::timeout(Duration::from_millis(100), call).await;
+        eventually("the handler was aborted", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
+    }
+
+    async fn dropping_a_call_mid_rendezvous_revokes_its_region(kind: Kind) {
+        // A raw server that takes the advertisement but does not READ until the call is dropped.
+        let bind = kind.bind_addr().parse().unwrap();
+        let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
+        let addr = listener.local_addr().to_string();
+        let client = Client::connect(&addr, ClientConfig::default().proto(common::proto())).await.unwrap();
+        let mut conn = listener.accept().await.unwrap();
+        let stub = common::EchoClient::new(client.clone());
+        let call = tokio::spawn(async move { stub.echo(pattern(THRESHOLD * 4, 5)).await });
+        let (header, body) = next_frame(conn.as_mut()).await;
+        assert_eq!(header.kind, FrameKind::Request);
+        assert_ne!(header.flags & FLAG_RENDEZVOUS, 0, "large request advertised");
+        let desc = decode_desc(&body).unwrap();
+        call.abort(); // the caller gives up: its future is dropped
+        let (cancel, _) = next_frame(conn.as_mut()).await;
+        assert_eq!((cancel.kind, cancel.call_id), (FrameKind::Cancel, header.call_id));
+        conn.post_read(1, desc, vec![0; desc.len as usize]).unwrap();
+        let read = loop {
+            if let Completion::Read { result, .. } = next_completion(conn.as_mut()).await.unwrap() {
+                break result;
+            }
+        };
+        assert_eq!(read, Err(ReadError::InvalidKey(desc.rkey)), "READ with the old key refused");
+        let stats = client.stats().await.unwrap();
+        assert_eq!(stats.transport.regions_revoked, 1);
+    }
+
+    async fn peer_killed_mid_rendezvous_fails_every_pending_call(kind: Kind) {
+        // A raw server that accepts, takes the requests, then dies without answering.
+        let bind = kind.bind_addr().parse().unwrap();
+        let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
+        let addr = listener.local_addr().to_string();
+        let client = common::EchoClient::new(Client::connect(&addr, ClientConfig::default().proto(common::proto())).await.unwrap());
+        let mut conn = listener.accept().await.unwrap();
+        let calls: Vec<_> = (0..8)
+            .map(|i| {
+                let c = client.clone();
+                tokio::spawn(async move { c.echo(pattern(if i % 2 == 0 { THRESHOLD * 8 } else { 10 }, i)).await })
+            })
+            .collect();
+        for _ in 0..8 {
+            next_frame(conn.as_mut()).await;
+        }
+        conn.close(); // the server process "dies" with 8 calls pending, 4 of them mid-rendezvous
+        drop(conn);
+        drop(listener);
+        for call in calls {
+            let r = call.await.unwrap();
+            assert!(matches!(r, Err(CallError::Disconnected(_))), "pending call failed cleanly: {r:?}");
+        }
+        // New calls fail at once instead of hanging.
+        assert!(matches!(client.echo(Bytes::new()).await, Err(CallError::Disconnected(_))));
+    }
+
+    async fn garbage_from_one_client_leaves_other_connections_working(kind: Kind) {
+        let s = setup(kind).await;
+        let addr: transport::Address = s.addr.parse().unwrap();
+        for garbage in [vec![0u8; 3], vec![0xff; 64], pattern(200, 1).to_vec(), {
+            let mut h = [0u8; HEADER_LEN];
+            Header::new(FrameKind::Request).encode(&mut h);
+            h[..20].to_vec() // a truncated header
+        }] {
+            let mut bad = transport::connect(&addr, raw_params()).await.unwrap();
+            bad.post_send(1, Bytes::from(garbage)).unwrap();
+            // The server closes that connection: we see it fail (not hang).
+            let closed = tokio::time::timeout(common::LIMIT, async {
+                loop {
+                    if next_completion(bad.as_mut()).await.is_err() {
+                        break;
+                    }
+                }
+            }).await;
+            assert!(closed.is_ok(), "server closed the connection that sent garbage");
+            // The good client carries on.
+            assert_eq!(s.client.echo(Bytes::from_static(b"still here")).await.unwrap(), Bytes::from_static(b"still here"));
+        }
+    }
+
+    async fn wrong_protocol_hello_is_rejected_and_the_server_keeps_serving(kind: Kind) {
+        let s = setup(kind).await;
+        let addr: transport::Address = s.addr.parse().unwrap();
+        let mut params = raw_params();
+        params.private_data = Bytes::from_static(b"not a hello");
+        let mut bad = transport::connect(&addr, params).await.unwrap();
+        let closed = tokio::time::timeout(common::LIMIT, async {
+            loop {
+                if next_completion(bad.as_mut()).await.is_err() {
+                    break;
+                }
+            }
+        }).await;
+        assert!(closed.is_ok(), "server dropped the non-protocol peer");
+        assert_eq!(s.client.size(Bytes::from_static(b"abc")).await.unwrap(), 3);
+        let _ = ProtoConfig::default();
+    }
+
+    async fn server_error_for_unknown_method_is_typed(kind: Kind) {
+        let s = setup(kind).await;
+        let err = s.client.client().call(0x1234_5678, Bytes::new(), &CallOptions::new()).await.unwrap_err();
+        assert!(matches!(err, CallError::Remote(ref e) if e.code == rpc_core::WireErrorCode::UnknownMethod), "{err:?}");
+    }
+
+    async fn graceful_shutdown_drains_calls_in_progress(kind: Kind) {
+        let s = setup(kind).await;
+        let c = s.client.clone();
+        let inflight = tokio::spawn(async move { c.slow(300).await });
+        eventually("the slow call started", || s.probe.slow_started.load(Ordering::SeqCst) == 1).await;
+        s.server.shutdown().await;
+        assert_eq!(inflight.await.unwrap(), Ok(300), "the call in progress finished");
+        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 1);
+        assert!(s.client.echo(Bytes::new()).await.is_err(), "no calls after shutdown");
+    }
+}
