@@ -1,0 +1,176 @@
+//! One end of an in-process connection.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+
+use super::delay::DelayLine;
+use super::faults::{corrupt, FaultPlan, SendFault};
+use crate::soft::{Death, Soft, MAX_READ_SIZE};
+use crate::{
+    Completion, ConnInfo, Connection, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    TransportError, WrId,
+};
+
+/// READs a mem connection allows in flight (advertised; the fabric serves them at once).
+const MAX_READS_IN_FLIGHT: u32 = 16;
+
+#[derive(Debug)]
+pub(crate) struct MemConnection {
+    local: Arc<Soft>,
+    peer: Arc<Soft>,
+    plan: Arc<FaultPlan>,
+    info: ConnInfo,
+    delay: DelayLine,
+}
+
+/// Creates both ends of a connection under `name`: each end's receives are posted here, before
+/// either end exists for its user. When one end dies the other follows.
+pub(crate) fn pair(
+    name: &str,
+    client: &crate::ConnParams,
+    server: &crate::ConnParams,
+    plan: Arc<FaultPlan>,
+) -> (MemConnection, MemConnection) {
+    let (client_end, server_end) = (Soft::new(client), Soft::new(server));
+    link_deaths(&client_end, &server_end);
+    plan.track(&client_end, &server_end);
+    let info = |peer_params: &crate::ConnParams, peer: String| ConnInfo {
+        peer_private_data: peer_params.private_data.clone(),
+        peer_recv_size: peer_params.recv_size,
+        peer_recv_depth: peer_params.recv_depth,
+        max_read_size: MAX_READ_SIZE,
+        max_reads_in_flight: MAX_READS_IN_FLIGHT,
+        peer,
+        backend: "mem",
+    };
+    let client_conn = MemConnection {
+        local: client_end.clone(),
+        peer: server_end.clone(),
+        plan: plan.clone(),
+        info: info(server, format!("mem://{name}")),
+        delay: DelayLine::default(),
+    };
+    let server_conn = MemConnection {
+        local: server_end,
+        peer: client_end,
+        plan,
+        info: info(client, format!("mem://{name} (client)")),
+        delay: DelayLine::default(),
+    };
+    (client_conn, server_conn)
+}
+
+/// When either end dies, the other dies too (the peer sees a disconnect).
+fn link_deaths(a: &Arc<Soft>, b: &Arc<Soft>) {
+    let follow = |other: &Arc<Soft>| {
+        let other = Arc::downgrade(other);
+        move |death: &Death| {
+            if let Some(other) = other.upgrade() {
+                other.fail(Death::Closed(format!("peer closed: {}", death.reason())));
+            }
+        }
+    };
+    a.set_on_death(follow(b));
+    b.set_on_death(follow(a));
+}
+
+impl MemConnection {
+    fn check_read(&self, remote: &RegionDesc, dst: &[u8]) -> Result<(), TransportError> {
+        if dst.len() as u64 != remote.len {
+            return Err(TransportError::InvalidRead(format!(
+                "destination of {} bytes for a region of {}",
+                dst.len(),
+                remote.len
+            )));
+        }
+        if remote.len > self.info.max_read_size {
+            return Err(TransportError::InvalidRead(format!(
+                "{} bytes exceeds max_read_size {}",
+                remote.len, self.info.max_read_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Connection for MemConnection {
+    fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError> {
+        self.local.post_recv(buf)
+    }
+
+    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+        let max = self.info.peer_recv_size as usize;
+        if msg.len() > max {
+            return Err(TransportError::MessageTooLarge { len: msg.len(), max });
+        }
+        let op = self.local.begin_send(wr_id)?;
+        let fault = self.plan.next_send_fault();
+        let (local, peer) = (self.local.clone(), self.peer.clone());
+        self.delay.run(self.plan.completion_delay(), move || {
+            let delivered = match fault {
+                SendFault::Fail => {
+                    return local.complete_send(op, Err(TransportError::Injected("fail_next_completions")))
+                }
+                SendFault::Corrupt => peer.deliver(&corrupt(&msg)),
+                SendFault::None => peer.deliver(&msg),
+            };
+            // A delivery that kills the peer takes this end down too, flushing the send.
+            if delivered.is_ok() {
+                local.complete_send(op, Ok(()));
+            }
+        });
+        Ok(())
+    }
+
+    fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
+        Ok(self.local.register(data))
+    }
+
+    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
+        self.local.deregister(rkey)
+    }
+
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
+        self.check_read(&remote, &dst)?;
+        let op = self.local.begin_read(wr_id, remote, dst)?;
+        let (local, peer, plan) = (self.local.clone(), self.peer.clone(), self.plan.clone());
+        self.delay.run(self.plan.completion_delay(), move || {
+            let served = if plan.reads_fail() {
+                Err(ReadError::Failed("injected".into()))
+            } else {
+                peer.serve_read(remote.addr, remote.len, remote.rkey)
+            };
+            local.complete_read_from(op, served);
+        });
+        Ok(())
+    }
+
+    fn poll_completions(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Poll<Result<(), TransportError>> {
+        self.local.poll_completions(cx, out, max)
+    }
+
+    fn counters(&self) -> TransportCounters {
+        self.local.counters()
+    }
+
+    fn close(&mut self) {
+        self.local.fail(Death::Closed("closed by this side".into()));
+    }
+}
+
+impl Drop for MemConnection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,168 @@
+//! In-process fabric with fault injection, for tests and docs.
+//!
+//! A [`MemFabric`] is a namespace of listeners. [`MemFabric::listen`] binds a name;
+//! [`MemFabric::connect`] creates both ends of a connection at once (each with its receives
+//! already posted) and hands the server end to the listener's [`Listener::accept`]. SENDs are
+//! copied into the peer's posted receive; READs are served from the peer's registered regions
+//! with the same key and bounds checks as the `tcp` backend.
+//!
+//! Each listener name has a [`FaultPlan`] (see [`faults`]) that injects failures into its
+//! connections: kill them, delay completions, fail sends or READs, corrupt messages.
+//!
+//! ```
+//! # use rpc_transport::{mem::MemFabric, ConnParams, Connection, Completion};
+//! # use bytes::Bytes;
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let fabric = MemFabric::new();
+//! let mut listener = fabric.listen("echo", ConnParams::default())?;
+//! let mut client = fabric.connect("echo", ConnParams::default()).await?;
+//! let mut server = listener.accept().await?;
+//!
+//! client.post_send(1, Bytes::from_static(b"ping"))?;
+//! let mut done = Vec::new();
+//! futures::future::poll_fn(|cx| server.poll_completions(cx, &mut done, 8)).await?;
+//! let Completion::Recv { buf } = done.remove(0) else { panic!("expected a message") };
+//! assert_eq!(buf.bytes(), b"ping");
+//! server.post_recv(buf)?; // give the buffer back to the receive queue
+//! # Ok::<(), rpc_transport::TransportError>(())
+//! # }).unwrap();
+//! ```
+
+mod conn;
+mod delay;
+mod faults;
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use tokio::sync::mpsc;
+
+pub use faults::FaultPlan;
+
+use crate::soft::validate_params;
+use crate::{Address, BoxFuture, ConnParams, Connection, Listener, TransportError};
+
+/// A process-local fabric: a namespace of listener names.
+///
+/// Cloning gives another handle to the same fabric.
+#[derive(Debug, Clone, Default)]
+pub struct MemFabric {
+    inner: Arc<FabricInner>,
+}
+
+#[derive(Debug, Default)]
+struct FabricInner {
+    listeners: Mutex<HashMap<String, ListenerSlot>>,
+    faults: Mutex<HashMap<String, Arc<FaultPlan>>>,
+    next_listener_id: AtomicU64,
+}
+
+#[derive(Debug)]
+struct ListenerSlot {
+    id: u64,
+    params: ConnParams,
+    incoming: mpsc::UnboundedSender<Box<dyn Connection>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The fault plan of listener `name` on the process-wide fabric ([`MemFabric::global`]).
+pub fn faults(name: &str) -> Arc<FaultPlan> {
+    MemFabric::global().faults(name)
+}
+
+impl MemFabric {
+    /// A new, empty fabric, independent of every other.
+    pub fn new() -> MemFabric {
+        MemFabric::default()
+    }
+
+    /// The process-wide fabric used by `mem://name` addresses.
+    pub fn global() -> &'static MemFabric {
+        static GLOBAL: OnceLock<MemFabric> = OnceLock::new();
+        GLOBAL.get_or_init(MemFabric::new)
+    }
+
+    /// The fault plan shared by every connection made through listener `name` (created on
+    /// first use; it exists before and after any listener of that name).
+    pub fn faults(&self, name: &str) -> Arc<FaultPlan> {
+        lock(&self.inner.faults).entry(name.to_string()).or_default().clone()
+    }
+
+    /// Binds `name`. Fails if another live listener holds it; the name is free again once the
+    /// returned listener is dropped.
+    pub fn listen(&self, name: &str, params: ConnParams) -> Result<Box<dyn Listener>, TransportError> {
+        validate_params(&params)?;
+        let mut listeners = lock(&self.inner.listeners);
+        if listeners.contains_key(name) {
+            return Err(TransportError::Listen {
+                addr: format!("mem://{name}"),
+                source: io::Error::new(io::ErrorKind::AddrInUse, "mem listener name already bound"),
+            });
+        }
+        let id = self.inner.next_listener_id.fetch_add(1, Ordering::Relaxed);
+        let (incoming, rx) = mpsc::unbounded_channel();
+        listeners.insert(name.to_string(), ListenerSlot { id, params, incoming });
+        Ok(Box::new(MemListener { fabric: self.inner.clone(), name: name.to_string(), id, incoming: rx }))
+    }
+
+    /// Connects to listener `name`. Both ends have their receives posted before this returns;
+    /// the server end waits in the listener's accept queue. No listener:
+    /// `TransportError::Connect` with `io::ErrorKind::ConnectionRefused`.
+    pub async fn connect(
+        &self,
+        name: &str,
+        params: ConnParams,
+    ) -> Result<Box<dyn Connection>, TransportError> {
+        validate_params(&params)?;
+        let refused = |why: &str| TransportError::Connect {
+            addr: format!("mem://{name}"),
+            source: io::Error::new(io::ErrorKind::ConnectionRefused, why.to_string()),
+        };
+        let (server_params, incoming) = {
+            let listeners = lock(&self.inner.listeners);
+            let slot = listeners.get(name).ok_or_else(|| refused("no mem listener of that name"))?;
+            (slot.params.clone(), slot.incoming.clone())
+        };
+        let (client, server) = conn::pair(name, &params, &server_params, self.faults(name));
+        incoming.send(Box::new(server)).map_err(|_| refused("mem listener closed"))?;
+        Ok(Box::new(client))
+    }
+}
+
+/// A bound name on a [`MemFabric`].
+#[derive(Debug)]
+struct MemListener {
+    fabric: Arc<FabricInner>,
+    name: String,
+    id: u64,
+    incoming: mpsc::UnboundedReceiver<Box<dyn Connection>>,
+}
+
+impl Listener for MemListener {
+    fn accept(&mut self) -> BoxFuture<'_, Result<Box<dyn Connection>, TransportError>> {
+        Box::pin(async move {
+            self.incoming
+                .recv()
+                .await
+                .ok_or_else(|| TransportError::Disconnected("mem listener closed".into()))
+        })
+    }
+
+    fn local_addr(&self) -> Address {
+        Address::Mem(self.name.clone())
+    }
+}
+
+impl Drop for MemListener {
+    fn drop(&mut self) {
+        let mut listeners = lock(&self.fabric.listeners);
+        if listeners.get(&self.name).is_some_and(|slot| slot.id == self.id) {
+            listeners.remove(&self.name);
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! A software verbs endpoint: the receive queue, completion queue, pending operations and
+//! registered regions of one end of a connection, shared by the `mem` and `tcp` backends.
+//!
+//! The backends move bytes; this module keeps the verbs semantics in one place: messages land
+//! in posted receives (or wait, counted as unexpected, until one is posted), completions are
+//! queued in order and wake the polling task, READs of registered regions are checked for key
+//! and bounds, and a failure flushes every pending operation before the completion queue reports
+//! the error. A peer that overruns the receive queue by more than `max(recv_depth, 64)` messages
+//! fails the connection as malformed, rather than make it buffer without bound.
+
+mod regions;
+mod state;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+
+use crate::{
+    Completion, ConnParams, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters, TransportError, WrId,
+    MAX_PRIVATE_DATA,
+};
+
+use state::State;
+
+/// Identifies a pending operation inside one endpoint (also the READ id on the tcp wire).
+pub(crate) type OpId = u64;
+
+/// Largest `recv_depth` a connection may ask for (or a peer may announce).
+pub(crate) const MAX_RECV_DEPTH: u32 = 1 << 16;
+/// Largest `recv_size` a connection may ask for (or a peer may announce): 64 MiB.
+pub(crate) const MAX_RECV_SIZE: u32 = 64 << 20;
+/// Largest single READ (mem and tcp): 1 GiB.
+pub(crate) const MAX_READ_SIZE: u64 = 1 << 30;
+
+/// Why an endpoint died.
+#[derive(Debug, Clone)]
+pub(crate) enum Death {
+    /// Closed by either side, the peer vanished, or an I/O error: reported as `Disconnected`.
+    Closed(String),
+    /// The peer violated the transport's framing: reported as `Malformed`.
+    Malformed(String),
+}
+
+impl Death {
+    pub(crate) fn reason(&self) -> &str {
+        match self {
+            Death::Closed(r) | Death::Malformed(r) => r,
+        }
+    }
+
+    pub(crate) fn to_error(&self) -> TransportError {
+        match self {
+            Death::Closed(r) => TransportError::Disconnected(r.clone()),
+            Death::Malformed(r) => TransportError::Malformed(r.clone()),
+        }
+    }
+}
+
+type DeathHook = Box<dyn Fn(&Death) + Send + Sync>;
+
+/// One end of a connection, in software. Shared (`Arc`) between the `Connection` object and
+/// whatever delivers to it (the peer's `mem` connection, the `tcp` reader and writer tasks).
+pub(crate) struct Soft {
+    state: Mutex<State>,
+    on_death: OnceLock<DeathHook>,
+}
+
+impl fmt::Debug for Soft {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Soft").finish_non_exhaustive()
+    }
+}
+
+/// Checks the parameters a side asks for.
+pub(crate) fn validate_params(p: &ConnParams) -> Result<(), TransportError> {
+    check_sizes(p.recv_depth, p.recv_size, p.private_data.len()).map_err(TransportError::Handshake)
+}
+
+/// Checks sizes announced at setup: depth and size within limits, private data at most 256 bytes.
+pub(crate) fn check_sizes(recv_depth: u32, recv_size: u32, private_len: usize) -> Result<(), String> {
+    if recv_depth == 0 || recv_depth > MAX_RECV_DEPTH {
+        return Err(format!("recv_depth {recv_depth} outside 1..={MAX_RECV_DEPTH}"));
+    }
+    if recv_size == 0 || recv_size > MAX_RECV_SIZE {
+        return Err(format!("recv_size {recv_size} outside 1..={MAX_RECV_SIZE}"));
+    }
+    if private_len > MAX_PRIVATE_DATA {
+        return Err(format!("private data of {private_len} bytes exceeds {MAX_PRIVATE_DATA}"));
+    }
+    Ok(())
+}
+
+impl Soft {
+    /// A live endpoint with `recv_depth` receives of `recv_size` bytes already posted.
+    pub(crate) fn new(params: &ConnParams) -> Arc<Soft> {
+        Arc::new(Soft {
+            state: Mutex::new(State::new(params.recv_depth, params.recv_size)),
+            on_death: OnceLock::new(),
+        })
+    }
+
+    /// Sets the function called (once, outside the lock) when this endpoint dies: the backend
+    /// uses it to stop its tasks or to take the peer down too. Only the first call has effect.
+    pub(crate) fn set_on_death(&self, hook: impl Fn(&Death) + Send + Sync + 'static) {
+        let _ = self.on_death.set(Box::new(hook));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the state half-updated in a way that
+        // matters more than losing the connection; keep going rather than propagate the panic.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the state, then wakes the completion poller (outside the lock) if `f`
+    /// queued a completion or killed the endpoint.
+    fn update<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let (result, waker) = {
+            let mut st = self.lock();
+            let result = f(&mut st);
+            (result, st.take_waker_to_notify())
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        result
+    }
+
+    /// Like [`Soft::update`]; a `Death` returned by `f` kills the endpoint (if it is not dead
+    /// already) and comes back as the matching error.
+    fn update_or_fail<R>(&self, f: impl FnOnce(&mut State) -> Result<R, Death>) -> Result<R, Death> {
+        let result = self.update(f);
+        if let Err(death) = &result {
+            self.fail(death.clone());
+        }
+        result
+    }
+
+    /// Kills the endpoint: posted receives are dropped, pending sends complete with
+    /// `Disconnected`, pending READs with `Flushed`; once those are drained the completion queue
+    /// reports the error. Idempotent: only the first death counts.
+    pub(crate) fn fail(&self, death: Death) {
+        let first = self.update(|st| st.die(death.clone()));
+        if first {
+            tracing::debug!(reason = death.reason(), "transport endpoint failed");
+            if let Some(hook) = self.on_death.get() {
+                hook(&death);
+            }
+        }
+    }
+
+    /// Posts a receive; a message waiting in the overflow queue is delivered into it at once.
+    pub(crate) fn post_recv(&self, buf: RecvBuffer) -> Result<(), TransportError> {
+        self.update_or_fail(|st| st.post_recv(buf)).map_err(|d| d.to_error())
+    }
+
+    /// Delivers an incoming message into the next posted receive, or keeps it (counted as
+    /// unexpected) until one is posted. A message larger than the receive kills the endpoint.
+    /// A dead endpoint refuses the message (`Err` with its death).
+    pub(crate) fn deliver(&self, msg: &[u8]) -> Result<(), Death> {
+        self.update_or_fail(|st| st.deliver(msg))
+    }
+
+    /// Takes the next posted receive so that a backend can fill it in place; `None` if none is
+    /// posted or the endpoint is dead (then use [`Soft::deliver`]).
+    pub(crate) fn take_posted_recv(&self) -> Option<RecvBuffer> {
+        self.lock().take_posted_recv()
+    }
+
+    /// Queues the receive completion of a buffer taken with [`Soft::take_posted_recv`] and filled.
+    pub(crate) fn complete_recv(&self, buf: RecvBuffer) {
+        self.update(|st| st.complete_recv(buf))
+    }
+
+    /// Records a SEND as pending; `Err` if the endpoint is dead.
+    pub(crate) fn begin_send(&self, wr_id: WrId) -> Result<OpId, TransportError> {
+        self.update(|st| st.begin_send(wr_id)).map_err(|d| d.to_error())
+    }
+
+    /// Completes a pending SEND (no effect if it was flushed meanwhile).
+    pub(crate) fn complete_send(&self, op: OpId, result: Result<(), TransportError>) {
+        self.update(|st| st.complete_send(op, result))
+    }
+
+    /// Completes several pending SENDs successfully, in the given order, under one lock.
+    pub(crate) fn complete_sends_ok(&self, ops: &[OpId]) {
+        self.update(|st| ops.iter().for_each(|&op| st.complete_send(op, Ok(()))))
+    }
+
+    /// Records a READ of `remote` into `dst` as pending; `Err` if the endpoint is dead.
+    pub(crate) fn begin_read(
+        &self,
+        wr_id: WrId,
+        remote: RegionDesc,
+        dst: Vec<u8>,
+    ) -> Result<OpId, TransportError> {
+        self.update(|st| st.begin_read(wr_id, remote, dst)).map_err(|d| d.to_error())
+    }
+
+    /// Takes the destination of a pending READ so that it can be filled outside the lock; the
+    /// READ stays pending (and is flushed if the endpoint dies meanwhile). `None` for an unknown
+    /// id or a destination already taken.
+    pub(crate) fn take_read(&self, op: OpId) -> Option<(RegionDesc, Vec<u8>)> {
+        self.lock().take_read(op)
+    }
+
+    /// Completes a pending READ with its filled destination or its error (no effect if it was
+    /// flushed meanwhile).
+    pub(crate) fn complete_read(&self, op: OpId, result: Result<Vec<u8>, ReadError>) {
+        self.update(|st| st.complete_read(op, result))
+    }
+
+    /// Completes a pending READ by copying `served` (exactly the requested length) into its
+    /// destination, outside the lock.
+    pub(crate) fn complete_read_from(&self, op: OpId, served: Result<Bytes, ReadError>) {
+        let Some((_, mut dst)) = self.take_read(op) else { return };
+        let result = served.and_then(|bytes| {
+            if bytes.len() == dst.len() {
+                dst.copy_from_slice(&bytes);
+                Ok(dst)
+            } else {
+                Err(ReadError::Failed(format!("served {} bytes for a READ of {}", bytes.len(), dst.len())))
+            }
+        });
+        self.complete_read(op, result);
+    }
+
+    /// Registers `data` for remote READ.
+    pub(crate) fn register(&self, data: Bytes) -> RegionDesc {
+        let mut st = self.lock();
+        st.counters.regions_registered += 1;
+        st.regions.register(data)
+    }
+
+    /// Revokes a key.
+    pub(crate) fn deregister(&self, rkey: RKey) -> Result<(), TransportError> {
+        let mut st = self.lock();
+        if !st.regions.deregister(rkey) {
+            return Err(TransportError::UnknownKey(rkey));
+        }
+        st.counters.regions_revoked += 1;
+        Ok(())
+    }
+
+    /// Serves a READ the peer issued against this endpoint's regions (size, key and bounds
+    /// checked), counting it as served or refused. A dead endpoint serves nothing (`Flushed`).
+    pub(crate) fn serve_read(&self, addr: u64, len: u64, rkey: RKey) -> Result<Bytes, ReadError> {
+        let mut st = self.lock();
+        if st.alive().is_err() {
+            return Err(ReadError::Flushed);
+        }
+        let result = if len > MAX_READ_SIZE {
+            Err(ReadError::Failed(format!("READ of {len} bytes exceeds max_read_size {MAX_READ_SIZE}")))
+        } else {
+            st.regions.read(addr, len, rkey)
+        };
+        match &result {
+            Ok(_) => st.counters.reads_served += 1,
+            Err(_) => st.counters.reads_refused += 1,
+        }
+        result
+    }
+
+    /// Moves up to `max` completions into `out` (see [`crate::Connection::poll_completions`]).
+    pub(crate) fn poll_completions(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Poll<Result<(), TransportError>> {
+        self.lock().poll_completions(cx, out, max)
+    }
+
+    pub(crate) fn counters(&self) -> TransportCounters {
+        self.lock().counters
+    }
+}
+
+#[cfg(test)]
+mod tests;

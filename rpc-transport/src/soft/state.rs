@@ -1,0 +1,237 @@
+//! The state of one software endpoint, always used under its mutex.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+
+use super::regions::RegionTable;
+use super::{Death, OpId};
+use crate::{Completion, ReadError, RecvBuffer, RegionDesc, TransportCounters, TransportError, WrId};
+
+/// `max_overflow` is at least this many messages.
+const MIN_OVERFLOW: usize = 64;
+
+/// An operation posted and not yet completed.
+#[derive(Debug)]
+enum Pending {
+    Send(WrId),
+    /// `dst` is `None` while a backend fills it outside the lock.
+    Read {
+        wr_id: WrId,
+        remote: RegionDesc,
+        dst: Option<Vec<u8>>,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct State {
+    posted: VecDeque<RecvBuffer>,
+    /// Messages that arrived while no receive was posted, in arrival order. Invariant: when it
+    /// is non-empty, `posted` is empty.
+    overflow: VecDeque<Bytes>,
+    /// Most messages `overflow` may hold: a peer that overruns the receive queue further than
+    /// this is broken (or hostile) and the connection fails rather than buffer without bound.
+    max_overflow: usize,
+    cq: VecDeque<Completion>,
+    waker: Option<Waker>,
+    /// Set when a completion was queued or the endpoint died: the waker must be woken.
+    notify: bool,
+    /// Pending operations by id; ids grow, so iteration is in posting order.
+    pending: BTreeMap<OpId, Pending>,
+    next_op: OpId,
+    pub(super) regions: RegionTable,
+    pub(super) counters: TransportCounters,
+    dead: Option<Death>,
+}
+
+impl State {
+    pub(super) fn new(recv_depth: u32, recv_size: u32) -> State {
+        let posted: VecDeque<RecvBuffer> =
+            (0..recv_depth).map(|_| RecvBuffer::new(recv_size as usize)).collect();
+        let counters = TransportCounters { recvs_posted: u64::from(recv_depth), ..Default::default() };
+        State {
+            posted,
+            overflow: VecDeque::new(),
+            max_overflow: (recv_depth as usize).max(MIN_OVERFLOW),
+            cq: VecDeque::new(),
+            waker: None,
+            notify: false,
+            pending: BTreeMap::new(),
+            next_op: 1,
+            regions: RegionTable::default(),
+            counters,
+            dead: None,
+        }
+    }
+
+    pub(super) fn alive(&self) -> Result<(), Death> {
+        match &self.dead {
+            Some(death) => Err(death.clone()),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn take_waker_to_notify(&mut self) -> Option<Waker> {
+        if std::mem::take(&mut self.notify) {
+            self.waker.take()
+        } else {
+            None
+        }
+    }
+
+    fn push(&mut self, completion: Completion) {
+        self.cq.push_back(completion);
+        self.notify = true;
+    }
+
+    /// Marks the endpoint dead and flushes everything; `false` if it already was.
+    pub(super) fn die(&mut self, death: Death) -> bool {
+        if self.dead.is_some() {
+            return false;
+        }
+        self.posted.clear();
+        self.overflow.clear();
+        for (_, op) in std::mem::take(&mut self.pending) {
+            let flushed = match op {
+                Pending::Send(wr_id) => Completion::Send {
+                    wr_id,
+                    result: Err(TransportError::Disconnected(death.reason().to_string())),
+                },
+                Pending::Read { wr_id, .. } => Completion::Read { wr_id, result: Err(ReadError::Flushed) },
+            };
+            self.cq.push_back(flushed);
+        }
+        self.dead = Some(death);
+        self.notify = true;
+        true
+    }
+
+    pub(super) fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), Death> {
+        self.alive()?;
+        self.counters.recvs_posted += 1;
+        match self.overflow.pop_front() {
+            Some(msg) => self.fill_and_complete(buf, &msg),
+            None => {
+                self.posted.push_back(buf);
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn deliver(&mut self, msg: &[u8]) -> Result<(), Death> {
+        self.alive()?;
+        match self.posted.pop_front() {
+            Some(buf) => self.fill_and_complete(buf, msg),
+            None if self.overflow.len() >= self.max_overflow => Err(Death::Malformed(format!(
+                "peer overran the receive queue by more than {} messages",
+                self.max_overflow
+            ))),
+            None => {
+                self.counters.recv_unexpected += 1;
+                self.overflow.push_back(Bytes::copy_from_slice(msg));
+                Ok(())
+            }
+        }
+    }
+
+    fn fill_and_complete(&mut self, mut buf: RecvBuffer, msg: &[u8]) -> Result<(), Death> {
+        if !buf.fill(msg) {
+            return Err(Death::Malformed(format!(
+                "message of {} bytes does not fit the posted receive buffer of {} bytes",
+                msg.len(),
+                buf.capacity()
+            )));
+        }
+        self.complete_recv(buf);
+        Ok(())
+    }
+
+    pub(super) fn take_posted_recv(&mut self) -> Option<RecvBuffer> {
+        if self.dead.is_some() {
+            return None;
+        }
+        self.posted.pop_front()
+    }
+
+    pub(super) fn complete_recv(&mut self, buf: RecvBuffer) {
+        if self.dead.is_none() {
+            self.counters.recvs += 1;
+            self.push(Completion::Recv { buf });
+        }
+    }
+
+    fn new_op(&mut self, op: Pending) -> OpId {
+        let id = self.next_op;
+        self.next_op += 1;
+        self.pending.insert(id, op);
+        id
+    }
+
+    pub(super) fn begin_send(&mut self, wr_id: WrId) -> Result<OpId, Death> {
+        self.alive()?;
+        self.counters.sends += 1;
+        Ok(self.new_op(Pending::Send(wr_id)))
+    }
+
+    pub(super) fn complete_send(&mut self, op: OpId, result: Result<(), TransportError>) {
+        if let Some(Pending::Send(wr_id)) = self.pending.get(&op) {
+            let wr_id = *wr_id;
+            self.pending.remove(&op);
+            self.push(Completion::Send { wr_id, result });
+        }
+    }
+
+    pub(super) fn begin_read(
+        &mut self,
+        wr_id: WrId,
+        remote: RegionDesc,
+        dst: Vec<u8>,
+    ) -> Result<OpId, Death> {
+        self.alive()?;
+        self.counters.reads_issued += 1;
+        Ok(self.new_op(Pending::Read { wr_id, remote, dst: Some(dst) }))
+    }
+
+    pub(super) fn take_read(&mut self, op: OpId) -> Option<(RegionDesc, Vec<u8>)> {
+        match self.pending.get_mut(&op) {
+            Some(Pending::Read { remote, dst, .. }) => dst.take().map(|d| (*remote, d)),
+            _ => None,
+        }
+    }
+
+    pub(super) fn complete_read(&mut self, op: OpId, result: Result<Vec<u8>, ReadError>) {
+        if let Some(Pending::Read { wr_id, .. }) = self.pending.get(&op) {
+            let wr_id = *wr_id;
+            self.pending.remove(&op);
+            if let Ok(bytes) = &result {
+                self.counters.bytes_read += bytes.len() as u64;
+            }
+            self.push(Completion::Read { wr_id, result });
+        }
+    }
+
+    pub(super) fn poll_completions(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Poll<Result<(), TransportError>> {
+        if max == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if !self.cq.is_empty() {
+            let n = max.min(self.cq.len());
+            out.extend(self.cq.drain(..n));
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(death) = &self.dead {
+            return Poll::Ready(Err(death.to_error()));
+        }
+        match &mut self.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}

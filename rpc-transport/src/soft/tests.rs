@@ -1,0 +1,183 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use super::*;
+
+struct CountingWaker(AtomicUsize);
+
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn params(depth: u32, size: u32) -> ConnParams {
+    ConnParams { recv_depth: depth, recv_size: size, private_data: Bytes::new() }
+}
+
+fn drain(soft: &Soft) -> (Vec<Completion>, Poll<Result<(), TransportError>>) {
+    let waker = Waker::from(Arc::new(CountingWaker(AtomicUsize::new(0))));
+    let mut cx = Context::from_waker(&waker);
+    let mut out = Vec::new();
+    loop {
+        match soft.poll_completions(&mut cx, &mut out, 16) {
+            Poll::Ready(Ok(())) => continue,
+            other => return (out, other),
+        }
+    }
+}
+
+fn recv_bytes(c: &Completion) -> Vec<u8> {
+    match c {
+        Completion::Recv { buf } => buf.bytes().to_vec(),
+        other => panic!("expected a receive, got {other:?}"),
+    }
+}
+
+#[test]
+fn initial_receives_are_posted_and_counted() {
+    let soft = Soft::new(&params(3, 16));
+    assert_eq!(soft.counters().recvs_posted, 3);
+    for i in 0..3u8 {
+        soft.deliver(&[i]).unwrap();
+    }
+    let (done, state) = drain(&soft);
+    assert!(state.is_pending());
+    assert_eq!(done.iter().map(recv_bytes).collect::<Vec<_>>(), vec![vec![0], vec![1], vec![2]]);
+    assert_eq!(soft.counters().recvs, 3);
+    assert_eq!(soft.counters().recv_unexpected, 0);
+}
+
+#[test]
+fn unexpected_messages_wait_for_receives_in_order() {
+    let soft = Soft::new(&params(1, 16));
+    for msg in [&b"a"[..], b"b", b"c"] {
+        soft.deliver(msg).unwrap();
+    }
+    assert_eq!(soft.counters().recv_unexpected, 2);
+    let (first, _) = drain(&soft);
+    assert_eq!(first.iter().map(recv_bytes).collect::<Vec<_>>(), vec![b"a".to_vec()]);
+    soft.post_recv(RecvBuffer::new(16)).unwrap();
+    soft.post_recv(RecvBuffer::new(16)).unwrap();
+    soft.post_recv(RecvBuffer::new(16)).unwrap();
+    soft.deliver(b"d").unwrap();
+    let (rest, _) = drain(&soft);
+    assert_eq!(
+        rest.iter().map(recv_bytes).collect::<Vec<_>>(),
+        vec![b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
+    );
+    assert_eq!(soft.counters().recv_unexpected, 2, "d found a posted receive");
+}
+
+#[test]
+fn unbounded_overrun_kills_the_endpoint() {
+    let soft = Soft::new(&params(2, 16));
+    for _ in 0..2 + 64 {
+        soft.deliver(b"m").unwrap();
+    }
+    assert_eq!(soft.counters().recv_unexpected, 64);
+    assert!(matches!(soft.deliver(b"one too many"), Err(Death::Malformed(_))));
+    let (done, state) = drain(&soft);
+    assert_eq!(done.len(), 2, "the two delivered messages stay readable");
+    assert!(matches!(state, Poll::Ready(Err(TransportError::Malformed(_)))));
+}
+
+#[test]
+fn oversized_message_kills_the_endpoint_as_malformed() {
+    let soft = Soft::new(&params(1, 4));
+    assert!(matches!(soft.deliver(b"12345"), Err(Death::Malformed(_))));
+    let (done, state) = drain(&soft);
+    assert!(done.is_empty());
+    assert!(matches!(state, Poll::Ready(Err(TransportError::Malformed(_)))));
+}
+
+#[test]
+fn death_flushes_pending_operations_in_order_then_errors_forever() {
+    let soft = Soft::new(&params(2, 16));
+    let region = RegionDesc { addr: 0x1000, len: 4, rkey: 7 };
+    let s1 = soft.begin_send(10).unwrap();
+    let r1 = soft.begin_read(11, region, vec![0; 4]).unwrap();
+    let _s2 = soft.begin_send(12).unwrap();
+    soft.complete_send(s1, Ok(()));
+    assert!(soft.take_read(r1).is_some(), "a backend holds the destination while the peer dies");
+
+    soft.fail(Death::Closed("peer gone".into()));
+    soft.fail(Death::Malformed("second death is ignored".into()));
+    soft.complete_read(r1, Ok(vec![1; 4])); // arrives too late: already flushed
+
+    let (done, state) = drain(&soft);
+    let summary: Vec<String> = done
+        .iter()
+        .map(|c| match c {
+            Completion::Send { wr_id, result } => format!("send {wr_id} {}", result.is_ok()),
+            Completion::Read { wr_id, result } => format!("read {wr_id} {result:?}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(summary, ["send 10 true", "read 11 Err(Flushed)", "send 12 false"]);
+    match state {
+        Poll::Ready(Err(TransportError::Disconnected(reason))) => assert_eq!(reason, "peer gone"),
+        other => panic!("expected Disconnected, got {other:?}"),
+    }
+    let (more, again) = drain(&soft);
+    assert!(more.is_empty());
+    assert!(matches!(again, Poll::Ready(Err(TransportError::Disconnected(_)))));
+    assert!(matches!(soft.begin_send(13), Err(TransportError::Disconnected(_))));
+    assert!(matches!(soft.post_recv(RecvBuffer::new(1)), Err(TransportError::Disconnected(_))));
+    assert_eq!(soft.serve_read(0, 0, 1), Err(ReadError::Flushed));
+}
+
+#[test]
+fn queued_completion_wakes_the_registered_poller() {
+    let soft = Soft::new(&params(1, 16));
+    let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(counter.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut out = Vec::new();
+    assert!(soft.poll_completions(&mut cx, &mut out, 8).is_pending());
+    soft.deliver(b"x").unwrap();
+    assert_eq!(counter.0.load(Ordering::SeqCst), 1);
+    assert!(soft.poll_completions(&mut cx, &mut out, 8).is_ready());
+    assert!(soft.poll_completions(&mut cx, &mut out, 8).is_pending());
+    soft.fail(Death::Closed("bye".into()));
+    assert_eq!(counter.0.load(Ordering::SeqCst), 2, "death wakes the poller");
+}
+
+#[test]
+fn poll_moves_at_most_max() {
+    let soft = Soft::new(&params(4, 16));
+    for _ in 0..4 {
+        soft.deliver(b"m").unwrap();
+    }
+    let waker = Waker::from(Arc::new(CountingWaker(AtomicUsize::new(0))));
+    let mut cx = Context::from_waker(&waker);
+    let mut out = Vec::new();
+    assert!(soft.poll_completions(&mut cx, &mut out, 3).is_ready());
+    assert_eq!(out.len(), 3);
+    assert!(soft.poll_completions(&mut cx, &mut out, 3).is_ready());
+    assert_eq!(out.len(), 4);
+}
+
+#[test]
+fn serve_read_counts_served_and_refused() {
+    let soft = Soft::new(&params(1, 16));
+    let desc = soft.register(Bytes::from_static(b"abcdef"));
+    assert_eq!(&soft.serve_read(desc.addr + 1, 2, desc.rkey).unwrap()[..], b"bc");
+    assert!(soft.serve_read(desc.addr, 7, desc.rkey).is_err());
+    soft.deregister(desc.rkey).unwrap();
+    assert!(matches!(soft.deregister(desc.rkey), Err(TransportError::UnknownKey(_))));
+    assert_eq!(soft.serve_read(desc.addr, 1, desc.rkey), Err(ReadError::InvalidKey(desc.rkey)));
+    let c = soft.counters();
+    assert_eq!((c.reads_served, c.reads_refused, c.regions_registered, c.regions_revoked), (1, 2, 1, 1));
+}
+
+#[test]
+fn params_are_validated() {
+    assert!(validate_params(&ConnParams::default()).is_ok());
+    assert!(validate_params(&params(0, 16)).is_err());
+    assert!(validate_params(&params(1, 0)).is_err());
+    assert!(validate_params(&params(1, MAX_RECV_SIZE + 1)).is_err());
+    let big = ConnParams { private_data: Bytes::from(vec![0; MAX_PRIVATE_DATA + 1]), ..Default::default() };
+    assert!(matches!(validate_params(&big), Err(TransportError::Handshake(_))));
+}

@@ -1,0 +1,85 @@
+//! The tcp listener: accepts sockets in a background task and runs each handshake in its own
+//! task, so that a slow or broken client never holds up the others.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::establish;
+use crate::soft::validate_params;
+use crate::{Address, BoxFuture, ConnParams, Connection, Listener, TransportError};
+
+/// Established connections waiting for `accept`.
+const ACCEPT_BACKLOG: usize = 64;
+
+/// Binds `addr` (port 0 picks a free port; see [`Listener::local_addr`]) and starts accepting.
+pub async fn listen(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Listener>, TransportError> {
+    validate_params(&params)?;
+    let listen_error = |source| TransportError::Listen { addr: addr.to_string(), source };
+    let socket = TcpListener::bind(addr).await.map_err(listen_error)?;
+    let local = socket.local_addr().map_err(listen_error)?;
+    let (ready_tx, ready) = mpsc::channel(ACCEPT_BACKLOG);
+    let acceptor = tokio::spawn(accept_loop(socket, params, ready_tx));
+    Ok(Box::new(TcpListenerHandle { ready, local, acceptor }))
+}
+
+#[derive(Debug)]
+struct TcpListenerHandle {
+    ready: mpsc::Receiver<Box<dyn Connection>>,
+    local: SocketAddr,
+    acceptor: JoinHandle<()>,
+}
+
+impl Listener for TcpListenerHandle {
+    fn accept(&mut self) -> BoxFuture<'_, Result<Box<dyn Connection>, TransportError>> {
+        Box::pin(async move {
+            self.ready.recv().await.ok_or_else(|| TransportError::Disconnected("tcp listener stopped".into()))
+        })
+    }
+
+    fn local_addr(&self) -> Address {
+        Address::Tcp(self.local)
+    }
+}
+
+impl Drop for TcpListenerHandle {
+    fn drop(&mut self) {
+        // Closes the listening socket. Handshakes under way finish and find nobody to take
+        // their connection, which then closes.
+        self.acceptor.abort();
+    }
+}
+
+async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sender<Box<dyn Connection>>) {
+    loop {
+        match socket.accept().await {
+            Ok((stream, peer)) => {
+                tokio::spawn(handshake_one(stream, peer, params.clone(), ready.clone()));
+            }
+            Err(e) => {
+                // Typically out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, "tcp accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn handshake_one(
+    stream: TcpStream,
+    peer: SocketAddr,
+    params: ConnParams,
+    ready: mpsc::Sender<Box<dyn Connection>>,
+) {
+    match establish(stream, &params, peer).await {
+        Ok(conn) => {
+            if ready.send(Box::new(conn)).await.is_err() {
+                tracing::debug!(%peer, "tcp listener gone; dropping new connection");
+            }
+        }
+        Err(e) => tracing::warn!(%peer, error = %e, "tcp connection setup failed"),
+    }
+}

@@ -1,0 +1,197 @@
+//! TCP backend, for hosts without RDMA NICs.
+//!
+//! After a hello exchange (magic, version, receive depth and size, private data; see the wire
+//! format in the `wire` module), a SEND is a length-prefixed frame that the peer's reader task
+//! reads straight into its next posted receive, and a READ is a request frame that the peer's
+//! reader task serves from its registered regions after checking key, bounds and registration
+//! (a refused READ is answered with an error code, never with memory). Each connection has a
+//! reader task and a writer task; the writer writes every queued frame and then flushes once.
+//!
+//! Any framing violation by the peer (unknown frame type, oversized SEND, unsolicited or
+//! mis-sized READ response, truncated frame) fails the connection with
+//! [`TransportError::Malformed`]: pending operations are flushed and the socket is closed.
+
+mod handshake;
+mod listener;
+mod reader;
+mod wire;
+mod writer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tokio::io::{BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+
+use crate::soft::{validate_params, Death, Soft, MAX_READ_SIZE};
+use crate::{
+    Completion, ConnInfo, ConnParams, Connection, RKey, RecvBuffer, RegionDesc, TransportCounters,
+    TransportError, WrId,
+};
+use handshake::PeerHello;
+use writer::Outgoing;
+
+pub use listener::listen;
+
+/// READs a tcp connection may have in flight: requests are pipelined on the stream.
+const MAX_READS_IN_FLIGHT: u32 = 64;
+/// Socket buffering of the reader and writer tasks.
+const IO_BUFFER: usize = 64 * 1024;
+
+/// Connects to a tcp listener at `addr` and performs the setup handshake.
+pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Connection>, TransportError> {
+    validate_params(&params)?;
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+    Ok(Box::new(establish(stream, &params, addr).await?))
+}
+
+/// Runs the handshake on a fresh stream and starts the connection's tasks. Our receives are
+/// posted before our hello leaves, so the peer can send as soon as it has read it.
+async fn establish(
+    mut stream: TcpStream,
+    params: &ConnParams,
+    peer: SocketAddr,
+) -> Result<TcpConnection, TransportError> {
+    stream.set_nodelay(true)?;
+    let soft = Soft::new(params);
+    let hello = handshake::exchange_hello(&mut stream, params).await?;
+    Ok(TcpConnection::start(stream, soft, params.recv_size, hello, peer))
+}
+
+/// One end of a tcp connection.
+#[derive(Debug)]
+struct TcpConnection {
+    soft: Arc<Soft>,
+    out: mpsc::UnboundedSender<Outgoing>,
+    info: ConnInfo,
+}
+
+impl TcpConnection {
+    /// Spawns the reader and writer tasks. They stop as soon as the endpoint dies, whoever
+    /// kills it (a task, `close`, or drop); the socket is then closed.
+    fn start(stream: TcpStream, soft: Arc<Soft>, recv_size: u32, hello: PeerHello, peer: SocketAddr) -> Self {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        soft.set_on_death(move |_| {
+            stop_tx.send_replace(true);
+        });
+        let (out, out_rx) = mpsc::unbounded_channel();
+        let (read_half, write_half) = stream.into_split();
+
+        let mut reader = reader::Reader::new(soft.clone(), out.clone(), recv_size);
+        let (reader_soft, mut stop) = (soft.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let mut r = BufReader::with_capacity(IO_BUFFER, read_half);
+            tokio::select! {
+                death = reader.run(&mut r) => reader_soft.fail(death),
+                _ = stop.wait_for(|stopped| *stopped) => {}
+            }
+        });
+
+        let (writer_soft, mut stop, mut out_rx) = (soft.clone(), stop_rx, out_rx);
+        tokio::spawn(async move {
+            let mut w = BufWriter::with_capacity(IO_BUFFER, write_half);
+            tokio::select! {
+                death = writer::run(&mut w, &mut out_rx, &writer_soft) => writer_soft.fail(death),
+                _ = stop.wait_for(|stopped| *stopped) => {}
+            }
+            // Dropping the write half shuts the socket down for writing: the peer sees EOF.
+        });
+
+        let info = ConnInfo {
+            peer_private_data: hello.private_data,
+            peer_recv_size: hello.recv_size,
+            peer_recv_depth: hello.recv_depth,
+            max_read_size: MAX_READ_SIZE,
+            max_reads_in_flight: MAX_READS_IN_FLIGHT,
+            peer: peer.to_string(),
+            backend: "tcp",
+        };
+        TcpConnection { soft, out, info }
+    }
+
+    fn check_read(&self, remote: &RegionDesc, dst: &[u8]) -> Result<(), TransportError> {
+        if dst.len() as u64 != remote.len {
+            return Err(TransportError::InvalidRead(format!(
+                "destination of {} bytes for a region of {}",
+                dst.len(),
+                remote.len
+            )));
+        }
+        if remote.len > self.info.max_read_size {
+            return Err(TransportError::InvalidRead(format!(
+                "{} bytes exceeds max_read_size {}",
+                remote.len, self.info.max_read_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the
+    /// operation was flushed.
+    fn queue(&self, frame: Outgoing) {
+        let _ = self.out.send(frame);
+    }
+}
+
+impl Connection for TcpConnection {
+    fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError> {
+        self.soft.post_recv(buf)
+    }
+
+    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+        let max = self.info.peer_recv_size as usize;
+        if msg.len() > max {
+            return Err(TransportError::MessageTooLarge { len: msg.len(), max });
+        }
+        let op = self.soft.begin_send(wr_id)?;
+        self.queue(Outgoing::Send { op, msg });
+        Ok(())
+    }
+
+    fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
+        Ok(self.soft.register(data))
+    }
+
+    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
+        self.soft.deregister(rkey)
+    }
+
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
+        self.check_read(&remote, &dst)?;
+        let id = self.soft.begin_read(wr_id, remote, dst)?;
+        self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });
+        Ok(())
+    }
+
+    fn poll_completions(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Poll<Result<(), TransportError>> {
+        self.soft.poll_completions(cx, out, max)
+    }
+
+    fn counters(&self) -> TransportCounters {
+        self.soft.counters()
+    }
+
+    fn close(&mut self) {
+        self.soft.fail(Death::Closed("closed by this side".into()));
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

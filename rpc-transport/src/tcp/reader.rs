@@ -1,0 +1,143 @@
+//! The reader side of a tcp connection: decodes frames and acts on them.
+
+use std::io;
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::{mpsc, Semaphore};
+
+use super::wire::{self, Header};
+use super::writer::Outgoing;
+use crate::soft::{Death, Soft};
+
+/// What the reader needs: the local endpoint, the writer's queue (for READ responses), and the
+/// largest SEND this side accepts.
+#[derive(Debug)]
+pub(crate) struct Reader {
+    pub(crate) soft: Arc<Soft>,
+    pub(crate) out: mpsc::UnboundedSender<Outgoing>,
+    pub(crate) recv_size: u32,
+    /// Holds a message that arrived while no receive was posted.
+    scratch: Vec<u8>,
+    /// One permit per READ response queued and not yet written: a peer that floods READ
+    /// requests without reading our responses stalls here instead of growing our memory.
+    response_permits: Arc<Semaphore>,
+}
+
+/// READ responses that may wait for the writer at once (well above what a peer that respects
+/// `max_reads_in_flight` can cause).
+const MAX_QUEUED_RESPONSES: usize = 256;
+
+fn malformed(what: impl Into<String>) -> Death {
+    Death::Malformed(what.into())
+}
+
+/// Maps a read error inside a frame: EOF there means the frame was truncated.
+fn inside_frame(e: io::Error) -> Death {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        malformed("truncated frame at end of stream")
+    } else {
+        Death::Closed(format!("read failed: {e}"))
+    }
+}
+
+impl Reader {
+    pub(crate) fn new(soft: Arc<Soft>, out: mpsc::UnboundedSender<Outgoing>, recv_size: u32) -> Reader {
+        let response_permits = Arc::new(Semaphore::new(MAX_QUEUED_RESPONSES));
+        Reader { soft, out, recv_size, scratch: Vec::new(), response_permits }
+    }
+
+    /// Reads and handles frames until the stream ends or the peer breaks the framing. Returns
+    /// why the connection ended; never panics on any input.
+    pub(crate) async fn run<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> Death {
+        loop {
+            let ty = match r.read_u8().await {
+                Ok(ty) => ty,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Death::Closed("peer closed the connection".into())
+                }
+                Err(e) => return Death::Closed(format!("read failed: {e}")),
+            };
+            if let Err(death) = self.frame(ty, r).await {
+                return death;
+            }
+        }
+    }
+
+    async fn frame<R: AsyncRead + Unpin>(&mut self, ty: u8, r: &mut R) -> Result<(), Death> {
+        let len = wire::header_len(ty).ok_or_else(|| malformed(format!("unknown frame type {ty}")))?;
+        let mut buf = [0u8; wire::MAX_HEADER];
+        r.read_exact(&mut buf[..len]).await.map_err(inside_frame)?;
+        match wire::decode_header(ty, &buf[..len]).ok_or_else(|| malformed("bad frame header"))? {
+            Header::Send { len } => self.on_send(len, r).await,
+            Header::ReadReq { id, addr, len, rkey } => self.on_read_req(id, addr, len, rkey).await,
+            Header::ReadResp { id, status, len } => self.on_read_resp(id, status, len, r).await,
+        }
+    }
+
+    /// A SEND: read straight into the next posted receive, or keep it until one is posted.
+    async fn on_send<R: AsyncRead + Unpin>(&mut self, len: u32, r: &mut R) -> Result<(), Death> {
+        if len > self.recv_size {
+            return Err(malformed(format!("SEND of {len} bytes exceeds recv_size {}", self.recv_size)));
+        }
+        let len = len as usize;
+        match self.soft.take_posted_recv() {
+            Some(mut buf) => {
+                if len > buf.capacity() {
+                    return Err(malformed(format!(
+                        "SEND of {len} bytes does not fit the posted receive buffer of {}",
+                        buf.capacity()
+                    )));
+                }
+                r.read_exact(&mut buf.storage_mut()[..len]).await.map_err(inside_frame)?;
+                buf.set_len(len);
+                self.soft.complete_recv(buf);
+                Ok(())
+            }
+            None => {
+                self.scratch.resize(len, 0);
+                r.read_exact(&mut self.scratch).await.map_err(inside_frame)?;
+                self.soft.deliver(&self.scratch)
+            }
+        }
+    }
+
+    /// A READ request from the peer: served from our regions (checked), answered by the writer.
+    async fn on_read_req(&self, id: u64, addr: u64, len: u64, rkey: u32) -> Result<(), Death> {
+        let permit = self.response_permits.clone().acquire_owned().await;
+        let permit = permit.map_err(|_| Death::Closed("reader stopped".into()))?;
+        let result = self.soft.serve_read(addr, len, rkey).map_err(|e| wire::status_of(&e));
+        let response = Outgoing::ReadResp { id, result, permit };
+        self.out.send(response).map_err(|_| Death::Closed("writer stopped".into()))
+    }
+
+    /// A READ response: must answer one of our pending READs with exactly its length.
+    async fn on_read_resp<R: AsyncRead + Unpin>(
+        &mut self,
+        id: u64,
+        status: u8,
+        len: u64,
+        r: &mut R,
+    ) -> Result<(), Death> {
+        let (remote, mut dst) =
+            self.soft.take_read(id).ok_or_else(|| malformed(format!("READ response for unknown id {id}")))?;
+        if status != wire::STATUS_OK {
+            let err = wire::error_of(status, &remote)
+                .ok_or_else(|| malformed(format!("unknown READ status {status}")))?;
+            if len != 0 {
+                return Err(malformed("refused READ response carries data"));
+            }
+            self.soft.complete_read(id, Err(err));
+            return Ok(());
+        }
+        if len != remote.len {
+            return Err(malformed(format!("READ response of {len} bytes for a READ of {}", remote.len)));
+        }
+        r.read_exact(&mut dst).await.map_err(inside_frame)?;
+        self.soft.complete_read(id, Ok(dst));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

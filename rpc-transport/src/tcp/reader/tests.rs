@@ -1,0 +1,164 @@
+use std::task::Poll;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::*;
+use crate::tcp::wire;
+use crate::{Completion, ConnParams, RegionDesc, TransportError};
+
+struct Harness {
+    reader: Reader,
+    soft: Arc<Soft>,
+    responses: mpsc::UnboundedReceiver<Outgoing>,
+}
+
+fn harness(recv_depth: u32, recv_size: u32) -> Harness {
+    let soft = Soft::new(&ConnParams { recv_depth, recv_size, private_data: Bytes::new() });
+    let (out, responses) = mpsc::unbounded_channel();
+    Harness { reader: Reader::new(soft.clone(), out, recv_size), soft, responses }
+}
+
+fn run(h: &mut Harness, input: &[u8]) -> Death {
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let mut r = input;
+    rt.block_on(h.reader.run(&mut r))
+}
+
+fn completions(soft: &Soft) -> (Vec<Completion>, Poll<Result<(), TransportError>>) {
+    let mut out = Vec::new();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        match soft.poll_completions(&mut cx, &mut out, 64) {
+            Poll::Ready(Ok(())) => continue,
+            other => return (out, other),
+        }
+    }
+}
+
+fn send_frame(payload: &[u8]) -> Vec<u8> {
+    let mut f = wire::encode_send(payload.len() as u32).to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn sends_land_in_posted_receives_then_wait_for_more() {
+    let mut h = harness(1, 16);
+    let mut input = send_frame(b"first");
+    input.extend(send_frame(b"second"));
+    let death = run(&mut h, &input);
+    assert!(matches!(death, Death::Closed(_)), "clean EOF at a frame boundary: {death:?}");
+    assert_eq!(h.soft.counters().recv_unexpected, 1);
+    let (done, _) = completions(&h.soft);
+    assert!(matches!(&done[..], [Completion::Recv { buf }] if buf.bytes() == b"first"));
+    h.soft.post_recv(crate::RecvBuffer::new(16)).unwrap();
+    let (done, _) = completions(&h.soft);
+    assert!(matches!(&done[..], [Completion::Recv { buf }] if buf.bytes() == b"second"));
+}
+
+#[test]
+fn framing_violations_are_malformed() {
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("unknown type", vec![0xEE, 1, 2, 3]),
+        ("send over recv_size", send_frame(&[0; 17])),
+        ("truncated header", wire::encode_read_req(1, 2, 3, 4)[..10].to_vec()),
+        ("truncated payload", send_frame(b"0123456789")[..8].to_vec()),
+        ("response to nothing", wire::encode_read_resp(42, wire::STATUS_OK, 0).to_vec()),
+    ];
+    for (what, input) in cases {
+        let mut h = harness(2, 16);
+        let death = run(&mut h, &input);
+        assert!(matches!(death, Death::Malformed(_)), "{what}: {death:?}");
+    }
+}
+
+#[test]
+fn read_responses_must_match_the_pending_read() {
+    let remote = RegionDesc { addr: 0x100, len: 4, rkey: 9 };
+    // Wrong length.
+    let mut h = harness(1, 16);
+    let id = h.soft.begin_read(1, remote, vec![0; 4]).unwrap();
+    let death = run(&mut h, &wire::encode_read_resp(id, wire::STATUS_OK, 5));
+    assert!(matches!(death, Death::Malformed(_)), "{death:?}");
+    // Right length: filled and completed; a second answer to the same id is malformed.
+    let mut h = harness(1, 16);
+    let id = h.soft.begin_read(7, remote, vec![0; 4]).unwrap();
+    let mut input = wire::encode_read_resp(id, wire::STATUS_OK, 4).to_vec();
+    input.extend_from_slice(b"data");
+    input.extend_from_slice(&wire::encode_read_resp(id, wire::STATUS_OK, 4));
+    let death = run(&mut h, &input);
+    assert!(matches!(death, Death::Malformed(_)), "{death:?}");
+    let (done, _) = completions(&h.soft);
+    assert!(matches!(&done[..], [Completion::Read { wr_id: 7, result: Ok(v) }] if v == b"data"));
+}
+
+#[test]
+fn read_requests_are_served_or_refused_without_data() {
+    let mut h = harness(1, 16);
+    let desc = h.soft.register(Bytes::from_static(b"secret-region"));
+    let mut input = wire::encode_read_req(1, desc.addr, 6, desc.rkey).to_vec();
+    input.extend(wire::encode_read_req(2, desc.addr, 6, desc.rkey ^ 1));
+    input.extend(wire::encode_read_req(3, desc.addr - 1, 6, desc.rkey));
+    input.extend(wire::encode_read_req(4, desc.addr, u64::MAX, desc.rkey));
+    run(&mut h, &input);
+    let mut answers = Vec::new();
+    while let Ok(Outgoing::ReadResp { id, result, .. }) = h.responses.try_recv() {
+        answers.push((id, result));
+    }
+    assert_eq!(answers.len(), 4);
+    assert_eq!(answers[0], (1, Ok(Bytes::from_static(b"secret"))));
+    assert!(answers[1..].iter().all(|(_, r)| r.is_err()), "{answers:?}");
+    assert_eq!(h.soft.counters().reads_served, 1);
+    assert_eq!(h.soft.counters().reads_refused, 3);
+}
+
+#[test]
+fn read_request_flood_stalls_instead_of_queueing_without_bound() {
+    let mut h = harness(1, 16);
+    let desc = h.soft.register(Bytes::from_static(b"region"));
+    let input: Vec<u8> = (0..300).flat_map(|id| wire::encode_read_req(id, desc.addr, 1, desc.rkey)).collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let mut r = &input[..];
+    let stalled = rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_millis(200), h.reader.run(&mut r)).await.is_err()
+    });
+    assert!(stalled, "the reader must wait for the writer once 256 responses are queued");
+    let mut queued = 0;
+    while h.responses.try_recv().is_ok() {
+        queued += 1;
+    }
+    assert_eq!(queued, 256);
+}
+
+/// Frames of any type (known or not) with random header and payload bytes.
+fn frame_soup() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec((0u8..6, proptest::collection::vec(any::<u8>(), 0..48)), 0..12).prop_map(
+        |frames| frames.into_iter().flat_map(|(ty, body)| std::iter::once(ty).chain(body)).collect(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic_the_decoder(input in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let mut h = harness(2, 32);
+        h.soft.register(Bytes::from_static(b"0123456789abcdef"));
+        let _ = run(&mut h, &input);
+    }
+
+    #[test]
+    fn random_frames_never_panic_the_decoder(input in frame_soup(), pending in 0u64..4) {
+        let mut h = harness(2, 32);
+        let desc = h.soft.register(Bytes::from_static(b"0123456789abcdef"));
+        for wr_id in 0..pending {
+            h.soft.begin_read(wr_id, desc, vec![0; desc.len as usize]).unwrap();
+        }
+        let death = run(&mut h, &input);
+        // Whatever happened, the endpoint can still be failed and then reports an error.
+        h.soft.fail(death);
+        let (_, end) = completions(&h.soft);
+        prop_assert!(matches!(end, Poll::Ready(Err(_))));
+    }
+}

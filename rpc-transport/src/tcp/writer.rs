@@ -1,0 +1,89 @@
+//! The writer side of a tcp connection: writes queued frames in batches, one flush per batch.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use super::wire;
+use crate::soft::{Death, OpId, Soft};
+
+/// A frame waiting for the writer.
+#[derive(Debug)]
+pub(crate) enum Outgoing {
+    /// Our SEND; its completion is queued once the frame is written.
+    Send { op: OpId, msg: Bytes },
+    /// Our READ request (`id` is the pending READ's op id).
+    ReadReq { id: OpId, addr: u64, len: u64, rkey: u32 },
+    /// The answer to the peer's READ: the region's bytes, or a refusal status. The permit is
+    /// released once the response is written.
+    ReadResp { id: u64, result: Result<Bytes, u8>, permit: OwnedSemaphorePermit },
+}
+
+/// Frames written per batch at most, so that completions of a long burst are not held back.
+const MAX_BATCH: usize = 256;
+
+/// Writes frames until the queue closes or a write fails; returns why it stopped.
+pub(crate) async fn run<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    soft: &Arc<Soft>,
+) -> Death {
+    let mut written: Vec<OpId> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.recv().await {
+        if let Err(e) = write_batch(w, first, rx, &mut written).await {
+            return Death::Closed(format!("write failed: {e}"));
+        }
+        soft.complete_sends_ok(&written);
+        written.clear();
+    }
+    Death::Closed("connection dropped".into())
+}
+
+/// Writes `first` and whatever else is queued (up to [`MAX_BATCH`]), then flushes once.
+async fn write_batch<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    first: Outgoing,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    written: &mut Vec<OpId>,
+) -> std::io::Result<()> {
+    let mut next = Some(first);
+    let mut count = 0;
+    while let Some(frame) = next.take() {
+        write_frame(w, frame, written).await?;
+        count += 1;
+        if count < MAX_BATCH {
+            next = rx.try_recv().ok();
+        }
+    }
+    w.flush().await
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    frame: Outgoing,
+    written: &mut Vec<OpId>,
+) -> std::io::Result<()> {
+    match frame {
+        Outgoing::Send { op, msg } => {
+            // `post_send` checked the length against the peer's recv_size, a u32.
+            w.write_all(&wire::encode_send(msg.len() as u32)).await?;
+            w.write_all(&msg).await?;
+            written.push(op);
+        }
+        Outgoing::ReadReq { id, addr, len, rkey } => {
+            w.write_all(&wire::encode_read_req(id, addr, len, rkey)).await?;
+        }
+        Outgoing::ReadResp { id, result: Ok(data), permit } => {
+            w.write_all(&wire::encode_read_resp(id, wire::STATUS_OK, data.len() as u64)).await?;
+            w.write_all(&data).await?;
+            drop(permit);
+        }
+        Outgoing::ReadResp { id, result: Err(status), permit } => {
+            w.write_all(&wire::encode_read_resp(id, status, 0)).await?;
+            drop(permit);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! Helpers shared by the integration tests: build a connected pair on either backend, wait for
+//! completions with a timeout.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rpc_transport::mem::MemFabric;
+use rpc_transport::{Address, Completion, ConnParams, Connection, Listener, ReadError, TransportError};
+
+/// Bound on every wait in these tests.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    Mem,
+    Tcp,
+}
+
+/// A name no other test uses (tests of one binary run in parallel on the global fabric).
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+pub fn params(recv_depth: u32, recv_size: u32) -> ConnParams {
+    ConnParams { recv_depth, recv_size, private_data: Bytes::new() }
+}
+
+/// Awaits `fut`, failing the test if it takes longer than [`WAIT`].
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(WAIT, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// A listener on `backend` (mem: the global fabric under a fresh name; tcp: 127.0.0.1:0).
+pub async fn listener(backend: Backend, server: ConnParams) -> Box<dyn Listener> {
+    let addr: Address = match backend {
+        Backend::Mem => format!("mem://{}", unique_name("conformance")).parse().unwrap(),
+        Backend::Tcp => "tcp://127.0.0.1:0".parse().unwrap(),
+    };
+    rpc_transport::listen(&addr, server).await.expect("listen")
+}
+
+/// A connected (client, server) pair.
+pub async fn pair(
+    backend: Backend,
+    client: ConnParams,
+    server: ConnParams,
+) -> (Box<dyn Connection>, Box<dyn Connection>) {
+    let mut l = listener(backend, server).await;
+    let addr = l.local_addr();
+    let (c, s) =
+        within("connection setup", async { tokio::join!(rpc_transport::connect(&addr, client), l.accept()) })
+            .await;
+    (c.expect("connect"), s.expect("accept"))
+}
+
+/// A pair on a private mem fabric, with the fabric (for its fault plan) and the listener name.
+pub async fn mem_pair(
+    client: ConnParams,
+    server: ConnParams,
+) -> (Box<dyn Connection>, Box<dyn Connection>, MemFabric, String) {
+    let fabric = MemFabric::new();
+    let name = unique_name("faults");
+    let mut l = fabric.listen(&name, server).expect("listen");
+    let c = fabric.connect(&name, client).await.expect("connect");
+    let s = within("accept", l.accept()).await.expect("accept");
+    (c, s, fabric, name)
+}
+
+/// The next completion, or the error `poll_completions` returned.
+pub async fn next(conn: &mut dyn Connection) -> Result<Completion, TransportError> {
+    let mut out = Vec::with_capacity(1);
+    within("a completion", futures::future::poll_fn(|cx| conn.poll_completions(cx, &mut out, 1))).await?;
+    assert_eq!(out.len(), 1, "poll_completions returned Ready(Ok) with nothing moved");
+    Ok(out.pop().unwrap())
+}
+
+/// Waits for a receive, returns its bytes and re-posts the buffer.
+pub async fn recv(conn: &mut dyn Connection) -> Vec<u8> {
+    match next(conn).await.expect("completion") {
+        Completion::Recv { buf } => {
+            let bytes = buf.bytes().to_vec();
+            conn.post_recv(buf).expect("re-post receive");
+            bytes
+        }
+        other => panic!("expected a receive, got {other:?}"),
+    }
+}
+
+/// Waits for a send completion; returns its id and result.
+pub async fn send_done(conn: &mut dyn Connection) -> (u64, Result<(), TransportError>) {
+    match next(conn).await.expect("completion") {
+        Completion::Send { wr_id, result } => (wr_id, result),
+        other => panic!("expected a send completion, got {other:?}"),
+    }
+}
+
+/// Waits for a READ completion; returns its id and result.
+pub async fn read_done(conn: &mut dyn Connection) -> (u64, Result<Vec<u8>, ReadError>) {
+    match next(conn).await.expect("completion") {
+        Completion::Read { wr_id, result } => (wr_id, result),
+        other => panic!("expected a READ completion, got {other:?}"),
+    }
+}
+
+/// Sends `msg` and checks that it completes successfully.
+pub async fn send_ok(conn: &mut dyn Connection, wr_id: u64, msg: &[u8]) {
+    conn.post_send(wr_id, Bytes::copy_from_slice(msg)).expect("post_send");
+    let (id, result) = send_done(conn).await;
+    assert_eq!(id, wr_id);
+    result.expect("send completion");
+}
+
+/// Polls until `cond` holds on the connection's counters (they change asynchronously on tcp).
+pub async fn wait_counters(
+    conn: &dyn Connection,
+    what: &str,
+    cond: impl Fn(&rpc_transport::TransportCounters) -> bool,
+) {
+    within(what, async {
+        while !cond(&conn.counters()) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+}
+
+/// Drains completions until `poll_completions` reports the connection's error; returns the
+/// completions seen on the way and that error.
+pub async fn drain_to_error(conn: &mut dyn Connection) -> (Vec<Completion>, TransportError) {
+    let mut seen = Vec::new();
+    loop {
+        match next(conn).await {
+            Ok(c) => seen.push(c),
+            Err(e) => return (seen, e),
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The tcp backend against misbehaving peers, driven by raw sockets.
+
+mod common;
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use rpc_transport::{tcp, Address, Completion, ConnParams, Connection, Listener, ReadError, TransportError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A hello as the wire format documents it: magic, version, private_len, recv_depth, recv_size.
+fn hello(version: u16, recv_depth: u32, recv_size: u32, private: &[u8]) -> Vec<u8> {
+    let mut h = b"RRPC".to_vec();
+    h.extend_from_slice(&version.to_le_bytes());
+    h.extend_from_slice(&(private.len() as u16).to_le_bytes());
+    h.extend_from_slice(&recv_depth.to_le_bytes());
+    h.extend_from_slice(&recv_size.to_le_bytes());
+    h.extend_from_slice(private);
+    h
+}
+
+fn good_hello(private: &[u8]) -> Vec<u8> {
+    hello(1, 4, 1024, private)
+}
+
+async fn tcp_listener() -> (Box<dyn Listener>, SocketAddr) {
+    let l = tcp::listen("127.0.0.1:0".parse().unwrap(), ConnParams::default()).await.expect("listen");
+    let Address::Tcp(addr) = l.local_addr() else { panic!("not a tcp address") };
+    assert_ne!(addr.port(), 0);
+    (l, addr)
+}
+
+/// Asserts the server closes `raw` (EOF or reset) within the test timeout.
+async fn assert_closed_by_server(raw: &mut TcpStream) {
+    let mut sink = Vec::new();
+    let result = within("the server to close the raw connection", raw.read_to_end(&mut sink)).await;
+    if let Err(e) = result {
+        assert!(
+            matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe),
+            "unexpected error {e:?}"
+        );
+    }
+}
+
+/// A good client connects; the listener accepts it (and only it) and it works.
+async fn assert_listener_serves_good_client(l: &mut Box<dyn Listener>, addr: SocketAddr) {
+    let good = ConnParams { private_data: Bytes::from_static(b"good client"), ..ConnParams::default() };
+    let (client, server) =
+        within("good client", async { tokio::join!(tcp::connect(addr, good), l.accept()) }).await;
+    let (mut client, mut server) = (client.expect("connect"), server.expect("accept"));
+    assert_eq!(&server.info().peer_private_data[..], b"good client", "accept returned the wrong connection");
+    send_ok(&mut *client, 1, b"hello").await;
+    assert_eq!(recv(&mut *server).await, b"hello");
+}
+
+#[tokio::test]
+async fn garbage_instead_of_hello_is_dropped() {
+    let (mut l, addr) = tcp_listener().await;
+    let mut raw = TcpStream::connect(addr).await.unwrap();
+    raw.write_all(&[0xFF; 64]).await.unwrap();
+    assert_closed_by_server(&mut raw).await;
+    assert_listener_serves_good_client(&mut l, addr).await;
+}
+
+#[tokio::test]
+async fn bad_hellos_are_dropped() {
+    let (mut l, addr) = tcp_listener().await;
+    let mut too_much_private = hello(1, 4, 1024, &[]);
+    too_much_private[6..8].copy_from_slice(&300u16.to_le_bytes());
+    let cases = [
+        ("wrong magic", [b"XRPC".as_slice(), &good_hello(b"")[4..]].concat()),
+        ("wrong version", hello(2, 4, 1024, b"")),
+        ("zero recv_depth", hello(1, 0, 1024, b"")),
+        ("zero recv_size", hello(1, 4, 0, b"")),
+        ("huge recv_size", hello(1, 4, u32::MAX, b"")),
+        ("private data over 256 bytes", too_much_private),
+        ("truncated hello", good_hello(b"")[..10].to_vec()),
+    ];
+    for (what, bytes) in cases {
+        let mut raw = TcpStream::connect(addr).await.unwrap();
+        raw.write_all(&bytes).await.unwrap();
+        raw.shutdown().await.unwrap(); // makes the truncated case end now rather than at the timeout
+        eprintln!("case: {what}");
+        assert_closed_by_server(&mut raw).await;
+    }
+    assert_listener_serves_good_client(&mut l, addr).await;
+}
+
+#[tokio::test]
+async fn silent_client_does_not_block_others_and_times_out() {
+    let (mut l, addr) = tcp_listener().await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let start = Instant::now();
+    assert_listener_serves_good_client(&mut l, addr).await;
+    assert!(start.elapsed() < Duration::from_secs(4), "the good client waited for the silent one");
+    // The silent client is dropped once the 5 s handshake timeout passes.
+    assert_closed_by_server(&mut silent).await;
+    assert!(start.elapsed() >= Duration::from_secs(4), "dropped after {:?}", start.elapsed());
+}
+
+/// A raw client that completed the handshake, and the server end the listener accepted for it.
+async fn raw_after_handshake(
+    l: &mut Box<dyn Listener>,
+    addr: SocketAddr,
+) -> (TcpStream, Box<dyn Connection>) {
+    let mut raw = TcpStream::connect(addr).await.unwrap();
+    raw.write_all(&good_hello(b"raw")).await.unwrap();
+    let server = within("accept", l.accept()).await.expect("accept");
+    assert_eq!(&server.info().peer_private_data[..], b"raw");
+    // Consume the server's hello (default params: no private data).
+    let mut their_hello = [0u8; 16];
+    raw.read_exact(&mut their_hello).await.unwrap();
+    assert_eq!(&their_hello[..4], b"RRPC");
+    (raw, server)
+}
+
+async fn assert_malformed_then_closed(mut raw: TcpStream, mut server: Box<dyn Connection>) {
+    let (_, err) = drain_to_error(&mut *server).await;
+    assert!(matches!(err, TransportError::Malformed(_)), "{err:?}");
+    assert_closed_by_server(&mut raw).await;
+}
+
+#[tokio::test]
+async fn unknown_frame_type_fails_the_connection() {
+    let (mut l, addr) = tcp_listener().await;
+    let (mut raw, server) = raw_after_handshake(&mut l, addr).await;
+    raw.write_all(&[0x7F, 1, 2, 3, 4, 5, 6, 7, 8]).await.unwrap();
+    assert_malformed_then_closed(raw, server).await;
+    assert_listener_serves_good_client(&mut l, addr).await;
+}
+
+#[tokio::test]
+async fn truncated_frame_fails_the_connection() {
+    let (mut l, addr) = tcp_listener().await;
+    let (mut raw, server) = raw_after_handshake(&mut l, addr).await;
+    let mut frame = vec![1u8];
+    frame.extend_from_slice(&100u32.to_le_bytes());
+    frame.extend_from_slice(&[0xAB; 10]); // 90 bytes short
+    raw.write_all(&frame).await.unwrap();
+    raw.shutdown().await.unwrap();
+    assert_malformed_then_closed(raw, server).await;
+    assert_listener_serves_good_client(&mut l, addr).await;
+}
+
+#[tokio::test]
+async fn oversized_send_fails_the_connection() {
+    let (mut l, addr) = tcp_listener().await;
+    let (mut raw, server) = raw_after_handshake(&mut l, addr).await;
+    let mut frame = vec![1u8];
+    frame.extend_from_slice(&u32::MAX.to_le_bytes()); // far above recv_size; must not be allocated
+    raw.write_all(&frame).await.unwrap();
+    assert_malformed_then_closed(raw, server).await;
+}
+
+#[tokio::test]
+async fn unsolicited_read_response_fails_the_connection() {
+    let (mut l, addr) = tcp_listener().await;
+    let (mut raw, server) = raw_after_handshake(&mut l, addr).await;
+    let mut frame = vec![3u8];
+    frame.extend_from_slice(&12345u64.to_le_bytes());
+    frame.push(0);
+    frame.extend_from_slice(&4u64.to_le_bytes());
+    frame.extend_from_slice(b"leak");
+    raw.write_all(&frame).await.unwrap();
+    assert_malformed_then_closed(raw, server).await;
+}
+
+#[tokio::test]
+async fn connect_to_closed_port_is_refused() {
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    match tcp::connect(addr, ConnParams::default()).await {
+        Err(TransportError::Connect { source, .. }) => {
+            assert_eq!(source.kind(), io::ErrorKind::ConnectionRefused)
+        }
+        other => panic!("expected ConnectionRefused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn connect_to_server_with_bad_hello_fails_handshake() {
+    let raw_server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = raw_server.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = raw_server.accept().await.unwrap();
+        s.write_all(&hello(9, 4, 1024, b"")).await.unwrap();
+        let mut sink = [0u8; 64];
+        let _ = s.read(&mut sink).await;
+    });
+    let result = within("connect", tcp::connect(addr, ConnParams::default())).await;
+    assert!(matches!(result, Err(TransportError::Handshake(ref m)) if m.contains("version")), "{result:?}");
+    server.await.unwrap();
+}
+
+/// Our client against a raw server that takes READ requests and never answers them.
+#[tokio::test]
+async fn unanswered_reads_are_flushed_when_the_peer_goes_away() {
+    let raw_server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = raw_server.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = raw_server.accept().await.unwrap();
+        s.write_all(&good_hello(b"")).await.unwrap();
+        let mut their_hello = [0u8; 16];
+        s.read_exact(&mut their_hello).await.unwrap();
+        let mut requests = [0u8; 2 * 29];
+        s.read_exact(&mut requests).await.unwrap();
+        assert_eq!((requests[0], requests[29]), (2, 2), "two READ_REQ frames");
+        // Drop the socket without answering.
+    });
+    let mut client = within("connect", tcp::connect(addr, ConnParams::default())).await.unwrap();
+    let remote = rpc_transport::RegionDesc { addr: 0x1000, len: 8, rkey: 0x42 };
+    client.post_read(1, remote, vec![0; 8]).unwrap();
+    client.post_read(2, remote, vec![0; 8]).unwrap();
+    let (seen, err) = drain_to_error(&mut *client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    let flushed: Vec<_> = seen
+        .iter()
+        .map(|c| match c {
+            Completion::Read { wr_id, result } => (*wr_id, result.clone()),
+            other => panic!("unexpected completion {other:?}"),
+        })
+        .collect();
+    assert_eq!(flushed, [(1, Err(ReadError::Flushed)), (2, Err(ReadError::Flushed))]);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn dropped_listener_frees_the_port_but_keeps_connections() {
+    let (mut l, addr) = tcp_listener().await;
+    let (client, server) = tokio::join!(tcp::connect(addr, ConnParams::default()), l.accept());
+    let (mut client, mut server) = (client.unwrap(), server.unwrap());
+    drop(l);
+    send_ok(&mut *client, 1, b"still connected").await;
+    assert_eq!(recv(&mut *server).await, b"still connected");
+    let _rebound = within("rebind", async {
+        loop {
+            match tcp::listen(addr, ConnParams::default()).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    })
+    .await;
+}
