@@ -1,0 +1,7 @@
+#[rpc_core::service]
+trait Kv {
+    type Key;
+    async fn ping(&self);
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+#[rpc_core::service]
+struct Kv {
+    entries: Vec<u8>,
+}
+
+fn main() {}

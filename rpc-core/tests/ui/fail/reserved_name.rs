@@ -1,0 +1,6 @@
+#[rpc_core::service]
+trait Kv {
+    async fn new(&self);
+}
+
+fn main() {}

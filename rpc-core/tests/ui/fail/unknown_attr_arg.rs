@@ -1,0 +1,6 @@
+#[rpc_core::service(foo)]
+trait Kv {
+    async fn ping(&self);
+}
+
+fn main() {}

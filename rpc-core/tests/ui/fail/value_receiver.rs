@@ -1,0 +1,6 @@
+#[rpc_core::service]
+trait Kv {
+    async fn close(self);
+}
+
+fn main() {}

@@ -1,0 +1,76 @@
+//! `<Trait>Client`: the typed stub that turns method calls into requests.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::ext::IdentExt;
+
+use super::Context;
+use crate::model::{MethodDef, ServiceDef};
+
+/// The client struct, its constructors and one `async fn` per service method.
+pub(super) fn client_stub(ctx: &Context, service: &ServiceDef) -> TokenStream {
+    let Context { krate, client_ident, trait_ident, .. } = ctx;
+    let vis = &service.vis;
+    let struct_doc = format!(
+        "Client stub of the [`{trait_ident}`] service: each method sends one request over a \
+         connection and awaits its response.\n\nCheap to clone; clones share the connection."
+    );
+    let methods = service.methods.iter().map(|method| client_method(ctx, method));
+    quote! {
+        #[doc = #struct_doc]
+        #[derive(::core::clone::Clone, ::core::fmt::Debug)]
+        #vis struct #client_ident {
+            client: #krate::Client,
+            opts: #krate::CallOptions,
+        }
+
+        impl #client_ident {
+            /// Creates a stub whose calls go over `client`, with default call options.
+            pub fn new(client: #krate::Client) -> Self {
+                Self { client, opts: <#krate::CallOptions as ::core::default::Default>::default() }
+            }
+
+            /// Returns a stub on the same connection whose calls use `opts` (e.g. a deadline).
+            pub fn with_options(&self, opts: #krate::CallOptions) -> Self {
+                Self { client: ::core::clone::Clone::clone(&self.client), opts }
+            }
+
+            /// The connection handle this stub sends its calls over.
+            pub fn client(&self) -> &#krate::Client {
+                &self.client
+            }
+
+            #(#methods)*
+        }
+    }
+}
+
+/// `pub async fn get(&self, key: String) -> Result<Option<Vec<u8>>, CallError>`.
+fn client_method(ctx: &Context, method: &MethodDef) -> TokenStream {
+    let krate = &ctx.krate;
+    let MethodDef { ident, args, output, .. } = method;
+    let params = args.iter().map(|arg| {
+        let (name, ty) = (&arg.ident, &arg.ty);
+        quote!(#name: #ty)
+    });
+    let arg_names = args.iter().map(|arg| &arg.ident);
+    let id = ctx.method_id_path(method);
+    let docs = client_method_docs(ctx, method);
+    quote! {
+        #docs
+        pub async fn #ident(&self, #(#params),*) -> ::core::result::Result<#output, #krate::CallError> {
+            #krate::__private::call(&self.client, &self.opts, #id, &(#(#arg_names,)*)).await
+        }
+    }
+}
+
+/// The trait method's docs, or a generated line if it has none (so `missing_docs` users don't break).
+fn client_method_docs(ctx: &Context, method: &MethodDef) -> TokenStream {
+    let docs: Vec<_> = method.doc_attrs().collect();
+    if docs.is_empty() {
+        let doc = format!("Calls [`{}::{}`] on the remote service.", ctx.trait_ident.unraw(), method.name());
+        quote!(#[doc = #doc])
+    } else {
+        quote!(#(#docs)*)
+    }
+}

@@ -1,0 +1,69 @@
+//! The `#[service]` attribute of rpc-core (re-exported as `rpc_core::service`; use it from there).
+//!
+//! The expansion is deliberately thin: it parses the trait into `model::ServiceDef`, validates every
+//! signature (span-accurate errors), and emits a few items that delegate all behaviour (encoding,
+//! calls, dispatch) to `rpc_core::__private`.
+
+mod args;
+mod errors;
+mod expand;
+mod method_id;
+mod model;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use proc_macro::TokenStream;
+
+/// Turns an `async` trait into an RPC service: a `Send` trait to implement, a typed client stub and a
+/// server dispatcher.
+///
+/// ```text
+/// #[rpc_core::service]
+/// pub trait Kv {
+///     /// Looks a key up.
+///     async fn get(&self, key: String) -> Option<Vec<u8>>;
+///     async fn put(&self, key: String, value: Vec<u8>) -> u64;
+///     async fn ping(&self);
+/// }
+/// ```
+///
+/// expands to:
+///
+/// - **the trait**, as `pub trait Kv: Send + Sync + 'static` whose methods return
+///   `impl Future<Output = T> + Send`. Implement it with `async fn`s as written. Attributes, docs,
+///   visibility and supertraits are kept.
+/// - **`KvClient`** (same visibility, `Clone + Debug`): `KvClient::new(rpc_core::Client)`,
+///   `with_options(&self, CallOptions) -> Self` (e.g. a deadline), `client(&self)`, and for every
+///   method `pub async fn get(&self, key: String) -> Result<Option<Vec<u8>>, rpc_core::CallError>`.
+///   Arguments travel as one tuple (`()`, `(a,)`, `(a, b)`, ..).
+/// - **method ids** as associated consts of the client: `KvClient::GET`, `KvClient::PUT`,
+///   `KvClient::PING` (the method name in upper case), each `rpc_core::__private::method_id("Kv.get")`
+///   — the FNV-1a hash of `"Trait.method"`, so ids depend on names only, never on declaration order.
+///   Two names whose ids collide are a compile error.
+/// - **`KvServer<S>`** (same visibility, `Clone + Debug` for any `S`): `KvServer::new(impl)` or
+///   `KvServer::from_arc(arc)`, and `impl<S: Kv> rpc_core::Service for KvServer<S>` that dispatches on
+///   the method id and answers unknown ids with `rpc_core::__private::unknown_method`.
+///   `Service::methods` lists `MethodDesc { name: "get", id: KvClient::GET }`, ..
+///
+/// Every generated public item is documented; a client method copies the docs of its trait method.
+///
+/// # Arguments
+///
+/// `#[service(crate = "path")]` names the path to rpc-core when it is not reachable as `::rpc_core`
+/// (the crate was renamed in `Cargo.toml`, or it is re-exported): e.g. `crate = "::my_rpc"`.
+///
+/// # Supported signatures
+///
+/// Only `async fn name(&self, arg: Type, ..) -> Type;` with owned, serde-serializable argument and
+/// result types. Compile errors, at the offending token, for: non-`async` methods; a receiver other than
+/// `&self`; generic traits or methods; where clauses; argument patterns other than a plain identifier;
+/// `impl Trait`; references, lifetimes (other than `'static`), `_` or `Self` in signatures; variadics;
+/// `const`/`unsafe`/`extern` methods; default bodies; associated types, consts and macros; `#[cfg]` on
+/// methods; methods named `new`, `with_options` or `client` (they'd clash with the client's own);
+/// and two method names whose ids collide.
+#[proc_macro_attribute]
+pub fn service(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::service(attr.into(), item.into()).unwrap_or_else(syn::Error::into_compile_error).into()
+}

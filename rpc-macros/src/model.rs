@@ -1,0 +1,92 @@
+//! The service as the generators see it: parsed from the user's trait, every signature already validated.
+
+use proc_macro2::Ident;
+use syn::ext::IdentExt;
+use syn::punctuated::Punctuated;
+use syn::{Attribute, ItemTrait, Token, TraitItem, TraitItemFn, Type, TypeParamBound, Visibility};
+
+use crate::errors::Errors;
+use crate::validate;
+
+/// A `#[service]` trait.
+pub(crate) struct ServiceDef {
+    /// Attributes of the trait, docs included.
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) ident: Ident,
+    /// Supertraits the user wrote; the expansion adds `Send + Sync + 'static`.
+    pub(crate) supertraits: Punctuated<TypeParamBound, Token![+]>,
+    pub(crate) methods: Vec<MethodDef>,
+}
+
+/// One `async fn name(&self, arg: Ty, ..) -> Out;` of the trait.
+pub(crate) struct MethodDef {
+    /// Attributes of the method, docs included.
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) ident: Ident,
+    pub(crate) args: Vec<ArgDef>,
+    /// The declared output; `()` when the signature has no `->`.
+    pub(crate) output: Type,
+}
+
+/// One `name: Ty` argument (any `mut` dropped: it means nothing to callers).
+pub(crate) struct ArgDef {
+    pub(crate) ident: Ident,
+    pub(crate) ty: Type,
+}
+
+impl ServiceDef {
+    /// Parses and validates `item`, reporting every unsupported construct at its own span.
+    pub(crate) fn from_trait(item: ItemTrait) -> syn::Result<Self> {
+        let mut errors = Errors::default();
+        validate::trait_header(&item, &mut errors);
+        let mut methods = Vec::new();
+        for trait_item in item.items {
+            match trait_item {
+                TraitItem::Fn(method) => methods.extend(MethodDef::from_trait_fn(method, &mut errors)),
+                other => validate::reject_non_method_item(&other, &mut errors),
+            }
+        }
+        validate::method_names(&item.ident, &methods, &mut errors);
+        let service = ServiceDef {
+            attrs: item.attrs,
+            vis: item.vis,
+            ident: item.ident,
+            supertraits: item.supertraits,
+            methods,
+        };
+        errors.finish(service)
+    }
+
+    /// The service name as sent in method ids and logs (`r#` prefix removed).
+    pub(crate) fn name(&self) -> String {
+        self.ident.unraw().to_string()
+    }
+}
+
+impl MethodDef {
+    /// Parses one trait method; `None` (with errors recorded) if its signature is unsupported.
+    fn from_trait_fn(method: TraitItemFn, errors: &mut Errors) -> Option<Self> {
+        let before = errors.len();
+        validate::method_signature(&method, errors);
+        let args = method.sig.inputs.iter().skip(1).filter_map(|arg| errors.take(validate::typed_arg(arg)));
+        let args: Vec<ArgDef> = args.collect();
+        let output = validate::output(&method.sig.output, errors);
+        (errors.len() == before).then(|| MethodDef {
+            attrs: method.attrs,
+            ident: method.sig.ident,
+            args,
+            output,
+        })
+    }
+
+    /// The method name as hashed into its id (`r#` prefix removed).
+    pub(crate) fn name(&self) -> String {
+        self.ident.unraw().to_string()
+    }
+
+    /// Doc attributes only, to copy onto the client stub's method.
+    pub(crate) fn doc_attrs(&self) -> impl Iterator<Item = &Attribute> {
+        self.attrs.iter().filter(|attr| attr.path().is_ident("doc"))
+    }
+}
