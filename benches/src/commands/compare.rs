@@ -1,0 +1,230 @@
+//! `rpc-bench compare`: rpc-core, tarpc and a raw TCP ping-pong on the same workloads over TCP
+//! loopback, servers in child processes, in one run, with the ratios printed. By default both
+//! processes are pinned to CPU 0 with current-thread runtimes (the reference setup).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cli::CompareArgs;
+use crate::env::{Environment, Placement};
+use crate::load::{Budget, Concurrency, PointSpec};
+use crate::report::{Point, Report};
+use crate::server_proc::{ServerCommand, ServerProcess};
+use crate::target::System;
+use crate::workload::Workload;
+use crate::BenchError;
+
+use super::exec::measure_point;
+
+/// One compared figure.
+#[derive(Debug, Clone, Copy)]
+struct Metric {
+    name: &'static str,
+    size: usize,
+    outstanding: usize,
+    pick: fn(&Point) -> f64,
+    lower_is_better: bool,
+}
+
+const METRICS: [Metric; 4] = [
+    Metric {
+        name: "32 B echo p50 [us]",
+        size: 32,
+        outstanding: 1,
+        pick: |p| p.latency_us.p50,
+        lower_is_better: true,
+    },
+    Metric {
+        name: "32 B echo, 64 outstanding [calls/s]",
+        size: 32,
+        outstanding: 64,
+        pick: |p| p.calls_per_sec,
+        lower_is_better: false,
+    },
+    Metric {
+        name: "1 MiB echo [GB/s]",
+        size: 1 << 20,
+        outstanding: 1,
+        pick: |p| p.gb_per_sec,
+        lower_is_better: false,
+    },
+    Metric {
+        name: "16 MiB echo [GB/s]",
+        size: 16 << 20,
+        outstanding: 1,
+        pick: |p| p.gb_per_sec,
+        lower_is_better: false,
+    },
+];
+
+const SYSTEMS: [System; 3] = [System::RpcCore, System::Tarpc, System::RawTcp];
+
+/// The raw ping-pong runs one call at a time per connection: no pipelined figure for it.
+fn applies(system: System, m: &Metric) -> bool {
+    !(system == System::RawTcp && m.outstanding > 1)
+}
+
+/// The medians of one run.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    metric: &'static str,
+    lower_is_better: bool,
+    /// Median per system, in [`SYSTEMS`] order (`None`: not measured).
+    medians: Vec<Option<f64>>,
+    /// rpc-core's advantage over tarpc (> 1: rpc-core better).
+    rpc_core_vs_tarpc: Option<f64>,
+    /// rpc-core's advantage over raw TCP (> 1: rpc-core better).
+    rpc_core_vs_raw_tcp: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct CompareReport {
+    #[serde(flatten)]
+    report: Report,
+    repeat: usize,
+    rows: Vec<Row>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied()
+}
+
+fn advantage(rpc: Option<f64>, other: Option<f64>, lower_is_better: bool) -> Option<f64> {
+    let (r, o) = (rpc?, other?);
+    let ratio = if lower_is_better { o / r } else { r / o };
+    ratio.is_finite().then_some(ratio)
+}
+
+fn spec(m: &Metric, secs: f64) -> PointSpec {
+    let d = Duration::from_secs_f64(secs.max(0.05));
+    PointSpec {
+        workload: Workload::Echo,
+        size: m.size,
+        concurrency: Concurrency { outstanding: m.outstanding, ..Concurrency::SERIAL },
+        warmup: Budget::Time(d / 4),
+        budget: Budget::Time(d),
+    }
+}
+
+fn fmt(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(x) if x >= 1000.0 => format!("{x:.0}"),
+        Some(x) => format!("{x:.3}"),
+    }
+}
+
+pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
+    let placement = Placement {
+        client_cpu: (!a.unpinned).then_some(a.client_cpu),
+        server_cpu: (!a.unpinned).then_some(a.server_cpu),
+        threads: 1,
+        busy_poll_us: None,
+    };
+    let env = Environment::capture(&placement, &a.proto, "child process");
+    println!("{}", env.summary());
+    let mut servers = Vec::new();
+    for system in SYSTEMS {
+        let cmd = ServerCommand {
+            system,
+            listen: "tcp://127.0.0.1:0".into(),
+            settings: a.proto,
+            cpu: placement.server_cpu,
+            threads: 1,
+        };
+        servers.push(ServerProcess::spawn(&cmd)?);
+    }
+    let runs = a.repeat.max(1);
+    let bar = super::progress((runs * SYSTEMS.len() * METRICS.len()) as u64);
+    let mut points = Vec::new();
+    let mut values = vec![vec![Vec::new(); SYSTEMS.len()]; METRICS.len()];
+    for _ in 0..runs {
+        for m in 0..METRICS.len() {
+            for (s, system) in SYSTEMS.iter().enumerate() {
+                bar.inc(1);
+                if !applies(*system, &METRICS[m]) {
+                    continue;
+                }
+                bar.set_message(format!("{} {}", system.name(), METRICS[m].name));
+                let spec = spec(&METRICS[m], a.duration);
+                let measured = measure_point(*system, servers[s].addr(), &a.proto, &spec).await?;
+                let point = Point::new(*system, "tcp", &spec, &measured);
+                values[m][s].push((METRICS[m].pick)(&point));
+                points.push(point);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    for server in servers {
+        server.stop()?;
+    }
+    let rows: Vec<Row> = METRICS
+        .iter()
+        .zip(values)
+        .map(|(m, per_system)| {
+            let medians: Vec<Option<f64>> = per_system.into_iter().map(median).collect();
+            Row {
+                metric: m.name,
+                lower_is_better: m.lower_is_better,
+                rpc_core_vs_tarpc: advantage(medians[0], medians[1], m.lower_is_better),
+                rpc_core_vs_raw_tcp: advantage(medians[0], medians[2], m.lower_is_better),
+                medians,
+            }
+        })
+        .collect();
+    print_rows(&rows, runs);
+    let report = CompareReport {
+        report: Report { environment: env, points, servers: Vec::new() },
+        repeat: runs,
+        rows,
+    };
+    let out = &a.output.out;
+    std::fs::create_dir_all(out).map_err(|e| BenchError::output(out, e))?;
+    let path = out.join(format!("{}.json", a.output.name.as_deref().unwrap_or("compare")));
+    let text = serde_json::to_string_pretty(&report).map_err(|e| BenchError::output(&path, e))?;
+    std::fs::write(&path, text).map_err(|e| BenchError::output(&path, e))?;
+    println!("\nwrote {}", path.display());
+    Ok(())
+}
+
+fn print_rows(rows: &[Row], runs: usize) {
+    println!(
+        "\n# medians of {runs} run(s); advantage = how many times better rpc-core is (> 1: rpc-core better)"
+    );
+    println!(
+        "{:<36} {:>12} {:>12} {:>12} {:>16} {:>16}",
+        "metric", "rpc-core", "tarpc", "raw-tcp", "vs tarpc", "vs raw-tcp"
+    );
+    for r in rows {
+        println!(
+            "{:<36} {:>12} {:>12} {:>12} {:>16} {:>16}",
+            r.metric,
+            fmt(r.medians[0]),
+            fmt(r.medians[1]),
+            fmt(r.medians[2]),
+            r.rpc_core_vs_tarpc.map_or("-".into(), |x| format!("{x:.2}x")),
+            r.rpc_core_vs_raw_tcp.map_or("-".into(), |x| format!("{x:.2}x")),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advantage_reads_the_right_way_round() {
+        assert_eq!(advantage(Some(10.0), Some(20.0), true), Some(2.0));
+        assert_eq!(advantage(Some(20.0), Some(10.0), false), Some(2.0));
+        assert_eq!(advantage(None, Some(1.0), false), None);
+        assert_eq!(advantage(Some(0.0), Some(1.0), true), None);
+    }
+
+    #[test]
+    fn median_of_three_is_the_middle() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![]), None);
+    }
+}

@@ -1,0 +1,149 @@
+//! The per-path and protocol counters of rpc-core connections, in a form that serializes and
+//! travels from the server process to the harness.
+
+use rpc_core::ConnStats;
+use serde::{Deserialize, Serialize};
+
+/// Counters of one side (client or server), summed over its connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Calls completed.
+    pub calls_completed: u64,
+    /// Payloads sent inline (eager).
+    pub eager_sent: u64,
+    /// Payloads advertised for READ (rendezvous).
+    pub rendezvous_sent: u64,
+    /// Payloads received inline.
+    pub eager_received: u64,
+    /// Payloads pulled with a READ.
+    pub rendezvous_received: u64,
+    /// Frames sent.
+    pub frames_sent: u64,
+    /// Frames received.
+    pub frames_received: u64,
+    /// Credit-only frames sent.
+    pub credit_frames: u64,
+    /// Times a frame waited for credits.
+    pub credit_stalls: u64,
+    /// READs issued.
+    pub reads_issued: u64,
+    /// Bytes pulled with READs.
+    pub bytes_read: u64,
+    /// Regions registered for the peer.
+    pub regions_registered: u64,
+    /// Keys revoked.
+    pub keys_revoked: u64,
+    /// Cancels.
+    pub cancels: u64,
+    /// Deadlines expired.
+    pub deadlines_expired: u64,
+    /// Receive buffers posted (transport), including the initial ones.
+    pub recvs_posted: u64,
+    /// Messages that found no receive posted (transport; must stay 0).
+    pub recv_unexpected: u64,
+    /// READs the peer issued here that were served (transport).
+    pub reads_served: u64,
+    /// READs the peer issued here that were refused (transport).
+    pub reads_refused: u64,
+}
+
+impl From<&ConnStats> for Counters {
+    fn from(s: &ConnStats) -> Counters {
+        let (p, t) = (&s.proto, &s.transport);
+        Counters {
+            calls_completed: p.calls_completed,
+            eager_sent: p.eager_sent,
+            rendezvous_sent: p.rendezvous_sent,
+            eager_received: p.eager_received,
+            rendezvous_received: p.rendezvous_received,
+            frames_sent: p.frames_sent,
+            frames_received: p.frames_received,
+            credit_frames: p.credit_frames,
+            credit_stalls: p.credit_stalls,
+            reads_issued: p.reads_issued,
+            bytes_read: p.bytes_read,
+            regions_registered: p.regions_registered,
+            keys_revoked: p.keys_revoked,
+            cancels: p.cancels,
+            deadlines_expired: p.deadlines_expired,
+            recvs_posted: t.recvs_posted,
+            recv_unexpected: t.recv_unexpected,
+            reads_served: t.reads_served,
+            reads_refused: t.reads_refused,
+        }
+    }
+}
+
+impl Counters {
+    /// Field-by-field sum.
+    pub fn add(&mut self, o: &Counters) {
+        let pairs: [(&mut u64, u64); 19] = [
+            (&mut self.calls_completed, o.calls_completed),
+            (&mut self.eager_sent, o.eager_sent),
+            (&mut self.rendezvous_sent, o.rendezvous_sent),
+            (&mut self.eager_received, o.eager_received),
+            (&mut self.rendezvous_received, o.rendezvous_received),
+            (&mut self.frames_sent, o.frames_sent),
+            (&mut self.frames_received, o.frames_received),
+            (&mut self.credit_frames, o.credit_frames),
+            (&mut self.credit_stalls, o.credit_stalls),
+            (&mut self.reads_issued, o.reads_issued),
+            (&mut self.bytes_read, o.bytes_read),
+            (&mut self.regions_registered, o.regions_registered),
+            (&mut self.keys_revoked, o.keys_revoked),
+            (&mut self.cancels, o.cancels),
+            (&mut self.deadlines_expired, o.deadlines_expired),
+            (&mut self.recvs_posted, o.recvs_posted),
+            (&mut self.recv_unexpected, o.recv_unexpected),
+            (&mut self.reads_served, o.reads_served),
+            (&mut self.reads_refused, o.reads_refused),
+        ];
+        for (mine, theirs) in pairs {
+            *mine += theirs;
+        }
+    }
+
+    /// The rows printed at the end of a run: `(name, value)`.
+    pub fn rows(&self) -> [(&'static str, u64); 15] {
+        [
+            ("calls completed", self.calls_completed),
+            ("eager sent", self.eager_sent),
+            ("rendezvous sent", self.rendezvous_sent),
+            ("eager received", self.eager_received),
+            ("rendezvous received", self.rendezvous_received),
+            ("receives posted", self.recvs_posted),
+            ("recv unexpected", self.recv_unexpected),
+            ("credit frames", self.credit_frames),
+            ("credit stalls", self.credit_stalls),
+            ("READs issued", self.reads_issued),
+            ("READs served", self.reads_served),
+            ("READs refused", self.reads_refused),
+            ("regions registered", self.regions_registered),
+            ("keys revoked", self.keys_revoked),
+            ("cancels", self.cancels),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_sums_every_field() {
+        let one = Counters { eager_sent: 1, credit_stalls: 2, reads_refused: 3, ..Counters::default() };
+        let mut sum = one;
+        sum.add(&one);
+        assert_eq!(sum.eager_sent, 2);
+        assert_eq!(sum.credit_stalls, 4);
+        assert_eq!(sum.reads_refused, 6);
+        assert_eq!(sum.calls_completed, 0);
+    }
+
+    #[test]
+    fn counters_round_trip_through_json() {
+        let c = Counters { keys_revoked: 7, recv_unexpected: 1, ..Counters::default() };
+        let back: Counters = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+}

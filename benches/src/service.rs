@@ -1,0 +1,66 @@
+//! The rpc-core service the harness calls: one method per [`Workload`](crate::workload::Workload).
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// What the benchmark server answers.
+#[rpc_core::service]
+pub trait Bench {
+    /// Returns its argument (echo).
+    async fn echo(&self, data: Bytes) -> Bytes;
+    /// Takes a large request, returns its length (upload).
+    async fn upload(&self, data: Bytes) -> u64;
+    /// Returns `len` bytes (download).
+    async fn download(&self, len: u64) -> Bytes;
+}
+
+/// The server side: download answers slice one shared buffer, so the handler allocates nothing.
+#[derive(Debug, Clone, Default)]
+pub struct BenchImpl {
+    blob: Arc<Mutex<Bytes>>,
+}
+
+impl BenchImpl {
+    /// A server with no buffer yet (it grows to the largest download asked for).
+    pub fn new() -> BenchImpl {
+        BenchImpl::default()
+    }
+
+    /// `len` bytes of the shared buffer, growing it if needed.
+    pub fn blob(&self, len: usize) -> Bytes {
+        let mut blob = self.blob.lock().unwrap_or_else(|e| e.into_inner());
+        if blob.len() < len {
+            *blob = Bytes::from(vec![0xa5u8; len]);
+        }
+        blob.slice(..len)
+    }
+}
+
+/// Downloads larger than this are refused (a peer may ask for anything).
+pub const MAX_DOWNLOAD: u64 = 1 << 30;
+
+impl Bench for BenchImpl {
+    async fn echo(&self, data: Bytes) -> Bytes {
+        data
+    }
+    async fn upload(&self, data: Bytes) -> u64 {
+        data.len() as u64
+    }
+    async fn download(&self, len: u64) -> Bytes {
+        self.blob(len.min(MAX_DOWNLOAD) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_grows_and_slices() {
+        let b = BenchImpl::new();
+        assert_eq!(b.blob(10).len(), 10);
+        assert_eq!(b.blob(100).len(), 100);
+        assert_eq!(b.blob(5).len(), 5);
+    }
+}
