@@ -67,8 +67,9 @@ impl Pair {
         while let Some(op) = self.client.poll_op() {
             moved = true;
             match op {
-                Op::Send { frame, .. } => {
-                    self.server.handle_recv(&frame, self.now).expect("server takes the frame")
+                Op::Send { wr_id, frame } => {
+                    self.server.handle_recv(&frame, self.now).expect("server takes the frame");
+                    self.client.handle_send_complete(wr_id, Ok(())).expect("send completes");
                 }
                 Op::Register { call_id, data } => {
                     let d = self.c.register(data);
@@ -79,7 +80,7 @@ impl Pair {
                 }
                 Op::Read { wr_id, remote } => {
                     let data = self.s.read(&remote);
-                    self.client.handle_read_complete(wr_id, Ok(data));
+                    self.client.handle_read_complete(wr_id, Ok(data.into()));
                 }
             }
         }
@@ -96,7 +97,10 @@ impl Pair {
         while let Some(op) = self.server.poll_op() {
             moved = true;
             match op {
-                Op::Send { frame, .. } => self.client.handle_recv(&frame).expect("client takes the frame"),
+                Op::Send { wr_id, frame } => {
+                    self.client.handle_recv(&frame).expect("client takes the frame");
+                    self.server.handle_send_complete(wr_id, Ok(())).expect("send completes");
+                }
                 Op::Register { call_id, data } => {
                     let d = self.s.register(data);
                     self.server.handle_registered(call_id, Ok(d));
@@ -106,7 +110,7 @@ impl Pair {
                 }
                 Op::Read { wr_id, remote } => {
                     let data = self.c.read(&remote);
-                    self.server.handle_read_complete(wr_id, Ok(data));
+                    self.server.handle_read_complete(wr_id, Ok(data.into()));
                 }
             }
         }

@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buffers;
 pub mod codec;
 mod error;
 pub mod proto;

@@ -271,7 +271,7 @@ impl ClientProto {
     }
 
     /// Reports the outcome of an [`Op::Read`].
-    pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>) {
+    pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
         let reading = self.calls.get(&wr_id).is_some_and(|c| c.state == State::ReadingResponse);
         if !reading {
             return; // cancelled or expired meanwhile; the buffer is simply dropped now
@@ -281,7 +281,7 @@ impl ClientProto {
             Ok(data) => {
                 self.link.stats.rendezvous_received += 1;
                 self.link.stats.bytes_read += data.len() as u64;
-                self.complete(wr_id, Ok(Bytes::from(data)));
+                self.complete(wr_id, Ok(data));
             }
             Err(e) => self.complete(wr_id, Err(CallFailure::ReadFailed(e))),
         }
@@ -293,6 +293,7 @@ impl ClientProto {
         _wr_id: WrId,
         result: Result<(), String>,
     ) -> Result<(), ProtoError> {
+        self.link.on_send_complete();
         result.map_err(ProtoError::SendFailed)
     }
 

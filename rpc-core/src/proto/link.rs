@@ -65,6 +65,7 @@ pub(crate) struct Link {
     pending_dones: VecDeque<u64>,
     ops: VecDeque<Op>,
     next_send_wr: WrId,
+    sends_in_flight: u64,
     /// Largest payload sent inline to this peer.
     pub eager_limit: usize,
     /// Largest payload we accept from the peer.
@@ -89,6 +90,7 @@ impl Link {
             pending_dones: VecDeque::new(),
             ops: VecDeque::new(),
             next_send_wr: 1,
+            sends_in_flight: 0,
             eager_limit: own_eager_threshold.min(peer_frame_room),
             max_message_size: own_max_message,
             stats: ProtoStats::default(),
@@ -109,6 +111,9 @@ impl Link {
 
     /// Queues a frame; it goes out as soon as credits allow.
     pub fn queue(&mut self, header: Header, body: Bytes) {
+        if !self.tx.is_empty() || self.peer_credits <= 1 {
+            self.stats.credit_stalls += 1; // this frame waits for credits
+        }
         self.tx.push_back(Outgoing { header, body });
     }
 
@@ -126,8 +131,14 @@ impl Link {
         self.ops.pop_front()
     }
 
-    pub fn has_queued_frames(&self) -> bool {
-        !self.tx.is_empty()
+    /// Frames waiting for credits, or SENDs posted whose completion has not come back.
+    pub fn has_unsent_frames(&self) -> bool {
+        !self.tx.is_empty() || self.sends_in_flight > 0
+    }
+
+    /// A SEND completed (successfully or not).
+    pub fn on_send_complete(&mut self) {
+        self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
     }
 
     /// Moves frames whose credits are available into SEND operations.
@@ -137,9 +148,6 @@ impl Link {
                 let Some(out) = self.tx.pop_front() else { break };
                 self.send(out.header, &out.body);
                 continue;
-            }
-            if !self.tx.is_empty() {
-                self.stats.credit_stalls += 1;
             }
             let must_return = self.credits_to_return >= self.credit_threshold && self.peer_credits >= 1;
             let may_report = !self.pending_dones.is_empty() && self.peer_credits > 1;
@@ -164,6 +172,7 @@ impl Link {
         frame.put_slice(&h);
         frame.put_slice(body);
         self.peer_credits -= 1;
+        self.sends_in_flight += 1;
         self.stats.frames_sent += 1;
         let wr_id = self.next_send_wr;
         self.next_send_wr += 1;

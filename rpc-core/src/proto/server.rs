@@ -188,7 +188,7 @@ impl ServerProto {
     }
 
     /// Reports the outcome of an [`Op::Read`] of a request payload.
-    pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>) {
+    pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
         let Some(call) = self.calls.get_mut(&wr_id).filter(|c| c.state == State::ReadingRequest) else {
             return; // cancelled or expired meanwhile
         };
@@ -201,7 +201,7 @@ impl ServerProto {
                 self.events.push_back(ServerEvent::Request {
                     call_id: wr_id,
                     method: call.method,
-                    payload: Bytes::from(data),
+                    payload: data,
                     timeout: call.timeout,
                     path: Path::Rendezvous,
                 });
@@ -284,6 +284,7 @@ impl ServerProto {
         _wr_id: WrId,
         result: Result<(), String>,
     ) -> Result<(), ProtoError> {
+        self.link.on_send_complete();
         result.map_err(ProtoError::SendFailed)
     }
 
@@ -332,9 +333,10 @@ impl ServerProto {
         self.shutting_down = true;
     }
 
-    /// No call in progress and nothing waiting to be sent.
+    /// No call in progress, nothing waiting to be sent, no SEND awaiting its completion: the
+    /// connection can be closed without losing a frame.
     pub fn is_idle(&self) -> bool {
-        self.calls.is_empty() && !self.link.has_queued_frames()
+        self.calls.is_empty() && !self.link.has_unsent_frames()
     }
 
     /// The connection is dead: forget every call (the runtime aborts their handlers).

@@ -10,7 +10,7 @@ pub struct ProtoStats {
     pub frames_received: u64,
     /// Credit-only frames sent.
     pub credit_frames: u64,
-    /// Times a frame had to wait for credits.
+    /// Frames that had to wait for credits before they could be sent.
     pub credit_stalls: u64,
     /// Payloads sent inline.
     pub eager_sent: u64,

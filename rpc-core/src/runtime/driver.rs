@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bytes::Bytes;
+
 use rpc_transport::{Completion, Connection, ReadError, RegionDesc, TransportCounters, TransportError, WrId};
 use tokio::time::Sleep;
 
@@ -43,7 +45,7 @@ impl ConnStats {
 pub(crate) trait ProtoEnd {
     fn handle_frame(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError>;
     fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
-    fn handle_read(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>);
+    fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>);
     fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>);
     fn next_op(&mut self) -> Option<Op>;
     fn timeout(&mut self) -> Option<Instant>;
@@ -60,7 +62,7 @@ macro_rules! impl_proto_end {
             fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError> {
                 self.handle_send_complete(wr_id, result)
             }
-            fn handle_read(&mut self, wr_id: WrId, result: Result<Vec<u8>, ReadError>) {
+            fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
                 self.handle_read_complete(wr_id, result)
             }
             fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
@@ -128,7 +130,9 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
             Completion::Send { wr_id, result } => {
                 proto.handle_send(wr_id, result.map_err(|e| e.to_string())).map_err(Fatal::Protocol)?;
             }
-            Completion::Read { wr_id, result } => proto.handle_read(wr_id, result),
+            Completion::Read { wr_id, result } => {
+                proto.handle_read(wr_id, result.map(crate::buffers::freeze))
+            }
             other => tracing::warn!(?other, "unknown completion kind ignored"),
         }
     }
@@ -150,7 +154,7 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
                 }
             }
             Op::Read { wr_id, remote } => {
-                let dst = vec![0u8; remote.len as usize];
+                let dst = crate::buffers::zeroable(remote.len as usize);
                 conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
             }
         }

@@ -33,12 +33,12 @@ impl Side {
         desc
     }
 
-    pub fn serve_read(&self, remote: &RegionDesc) -> Result<Vec<u8>, ReadError> {
+    pub fn serve_read(&self, remote: &RegionDesc) -> Result<Bytes, ReadError> {
         let data = self.regions.get(&remote.rkey).ok_or(ReadError::InvalidKey(remote.rkey))?;
         let off = remote.addr.checked_sub(data.as_ptr() as u64);
         let end = off.and_then(|o| o.checked_add(remote.len));
         match (off, end) {
-            (Some(o), Some(e)) if e <= data.len() as u64 => Ok(data[o as usize..e as usize].to_vec()),
+            (Some(o), Some(e)) if e <= data.len() as u64 => Ok(data.slice(o as usize..e as usize)),
             _ => Err(ReadError::OutOfBounds { addr: remote.addr, len: remote.len }),
         }
     }
@@ -92,7 +92,10 @@ impl Pair {
         while let Some(op) = self.client.poll_op() {
             moved = true;
             match op {
-                Op::Send { frame, .. } => deliver(&mut self.s, frame),
+                Op::Send { wr_id, frame } => {
+                    deliver(&mut self.s, frame);
+                    self.client.handle_send_complete(wr_id, Ok(())).expect("send completion");
+                }
                 Op::Register { call_id, data } => {
                     let d = self.c.register(data);
                     self.client.handle_registered(call_id, Ok(d));
@@ -104,7 +107,10 @@ impl Pair {
         while let Some(op) = self.server.poll_op() {
             moved = true;
             match op {
-                Op::Send { frame, .. } => deliver(&mut self.c, frame),
+                Op::Send { wr_id, frame } => {
+                    deliver(&mut self.c, frame);
+                    self.server.handle_send_complete(wr_id, Ok(())).expect("send completion");
+                }
                 Op::Register { call_id, data } => {
                     let d = self.s.register(data);
                     self.server.handle_registered(call_id, Ok(d));

@@ -290,7 +290,14 @@ fn shutting_down_server_refuses_new_calls_and_finishes_old_ones() {
     let done = p.take_completions();
     assert!(matches!(&done[0].1, Err(CallFailure::Remote(w)) if w.code == WireErrorCode::ShuttingDown));
     p.server.respond(1, Ok(payload(4, 0)));
-    p.pump();
+    let sent: Vec<Op> = std::iter::from_fn(|| p.server.poll_op()).collect();
+    assert!(!p.server.is_idle(), "not idle while the response's SEND has not completed");
+    for op in sent {
+        if let Op::Send { wr_id, frame } = op {
+            p.client.handle_recv(&frame).unwrap();
+            p.server.handle_send_complete(wr_id, Ok(())).unwrap();
+        }
+    }
     assert!(p.take_completions()[0].1.is_ok());
     assert!(p.server.is_idle());
     assert_clean(&p);
