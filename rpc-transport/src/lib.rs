@@ -49,10 +49,10 @@ use bytes::Bytes;
 mod address;
 mod error;
 pub mod mem;
-mod soft;
-pub mod tcp;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+mod soft;
+pub mod tcp;
 
 pub use address::{connect, listen, Address};
 pub use error::{ReadError, TransportError};

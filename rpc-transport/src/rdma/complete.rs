@@ -1,0 +1,240 @@
+//! Routing work completions to their operations, and failing a connection.
+//!
+//! # What the caller sees when a connection fails
+//!
+//! Any error completion other than a flush, a DISCONNECTED rdma_cm event, a failed CQ poll or a
+//! local [`crate::Connection::close`] fails the connection: the QP is moved to the error state so
+//! that the NIC flushes every posted work request, queued (not yet posted) SENDs and READs are
+//! flushed in software, posted receives are dropped, and once every operation came back
+//! `poll_completions` returns `Err(Disconnected(reason))`. SENDs then complete with
+//! `Err(Disconnected)`, READs with [`ReadError::Flushed`].
+//!
+//! A READ with a wrong or revoked key is an *error completion* on InfiniBand / RoCE (remote access
+//! error), and the RC QP that got it is in the error state: that READ completes with
+//! [`ReadError::InvalidKey`], and the connection fails as above. Verbs cannot tell a bad key from
+//! an out-of-bounds range: both are reported as `InvalidKey`.
+//!
+//! On iWARP the peer's NIC answers such a READ with a TERMINATE message instead: the initiator
+//! gets no error completion and no async event (only the *responder's* QP gets QP_REQ_ERR), just
+//! a flush. There the READ completes with [`ReadError::Flushed`] and the connection fails; the
+//! caller cannot tell a refused key from a peer that went away at that moment.
+
+use rdma_mummy_sys::ibv_wc_status as st;
+use sideway::ibverbs::queue_pair::{QueuePair, QueuePairAttribute, QueuePairState};
+
+use super::conn::{Op, RdmaConnection};
+use super::hello::Hello;
+use super::sys::WorkCompletion;
+use crate::{Completion, ReadError, TransportError};
+
+/// What a failed work completion means.
+fn status_text(status: u32) -> &'static str {
+    match status {
+        st::IBV_WC_LOC_LEN_ERR => "local length error",
+        st::IBV_WC_LOC_QP_OP_ERR => "local QP operation error",
+        st::IBV_WC_LOC_PROT_ERR => "local protection error",
+        st::IBV_WC_WR_FLUSH_ERR => "flushed",
+        st::IBV_WC_BAD_RESP_ERR => "bad response",
+        st::IBV_WC_LOC_ACCESS_ERR => "local access error",
+        st::IBV_WC_REM_INV_REQ_ERR => "remote invalid request",
+        st::IBV_WC_REM_ACCESS_ERR => "remote access error (wrong or revoked key, or out of bounds)",
+        st::IBV_WC_REM_OP_ERR => "remote operation error",
+        st::IBV_WC_RETRY_EXC_ERR => "transport retries exhausted (peer not responding)",
+        st::IBV_WC_RNR_RETRY_EXC_ERR => "RNR retries exhausted (no receive posted at the peer)",
+        st::IBV_WC_REM_ABORT_ERR => "remote abort",
+        st::IBV_WC_FATAL_ERR => "fatal error",
+        st::IBV_WC_RESP_TIMEOUT_ERR => "response timeout",
+        st::IBV_WC_GENERAL_ERR => "general error",
+        _ => "unknown error",
+    }
+}
+
+impl RdmaConnection {
+    /// Handles one work completion.
+    pub(super) fn on_completion(&mut self, wc: &WorkCompletion) {
+        let Some(op) = self.ops.remove(wc.wr_id) else {
+            tracing::debug!(wr_id = wc.wr_id, status = wc.status, "completion for an unknown work request");
+            return;
+        };
+        let ok = wc.status == st::IBV_WC_SUCCESS;
+        if !ok {
+            self.on_error_status(wc);
+        }
+        match op {
+            Op::Recv { slot, buf } => self.complete_recv(slot, buf, ok.then_some(wc.byte_len as usize)),
+            Op::Send { wr_id, slot } => {
+                self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
+                if let (Some(slot), Some(pool)) = (slot, self.send_pool.as_mut()) {
+                    pool.release(slot);
+                }
+                if let Some(wr_id) = wr_id {
+                    let result = if ok { Ok(()) } else { Err(self.send_error(wc.status)) };
+                    self.ready.push_back(Completion::Send { wr_id, result });
+                }
+                self.pump();
+            }
+            Op::ReadChunk { read } => {
+                self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
+                self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+                let err = (!ok).then(|| self.read_error(wc.status, read));
+                self.chunk_done(read, err);
+                self.pump();
+            }
+        }
+    }
+
+    /// Logs and accounts a failed completion, and fails the connection (the QP is in error).
+    fn on_error_status(&mut self, wc: &WorkCompletion) {
+        if wc.status == st::IBV_WC_RNR_RETRY_EXC_ERR {
+            self.counters.recv_unexpected += 1;
+        }
+        if wc.status != st::IBV_WC_WR_FLUSH_ERR {
+            tracing::debug!(
+                status = wc.status,
+                vendor_err = wc.vendor_err,
+                "work completion failed: {}",
+                status_text(wc.status)
+            );
+        }
+        self.fail(format!("work request failed: {}", status_text(wc.status)));
+    }
+
+    fn send_error(&self, status: u32) -> TransportError {
+        if status == st::IBV_WC_WR_FLUSH_ERR {
+            TransportError::Disconnected(self.failed.clone().unwrap_or_else(|| "flushed".into()))
+        } else {
+            TransportError::Verbs { call: "ibv_post_send (completion)", detail: status_text(status).into() }
+        }
+    }
+
+    fn read_error(&self, status: u32, read: u64) -> ReadError {
+        match status {
+            st::IBV_WC_WR_FLUSH_ERR => ReadError::Flushed,
+            st::IBV_WC_REM_ACCESS_ERR => ReadError::InvalidKey(self.reads.get(read).map_or(0, |r| r.rkey)),
+            other => ReadError::Failed(status_text(other).into()),
+        }
+    }
+
+    /// One chunk of a READ finished (or was flushed before posting); completes the READ after
+    /// its last chunk.
+    pub(super) fn chunk_done(&mut self, read: u64, err: Option<ReadError>) {
+        let Some(op) = self.reads.get_mut(read) else { return };
+        op.chunks_left = op.chunks_left.saturating_sub(1);
+        if op.error.is_none() {
+            op.error = err;
+        }
+        if op.chunks_left > 0 {
+            return;
+        }
+        let Some(op) = self.reads.remove(read) else { return };
+        let dst = op.dest.map(|d| d.into_vec()).unwrap_or_default();
+        let result = match op.error {
+            Some(e) => Err(e),
+            None => {
+                self.counters.bytes_read += dst.len() as u64;
+                Ok(dst)
+            }
+        };
+        self.ready.push_back(Completion::Read { wr_id: op.wr_id, result });
+    }
+
+    fn complete_recv(&mut self, slot: u32, buf: Option<crate::RecvBuffer>, len: Option<usize>) {
+        let Some(len) = len else {
+            // Flushed (or failed) receive: the buffer is dropped, like any posted receive of a dead
+            // connection.
+            self.recv_pool.release(slot);
+            return;
+        };
+        match buf {
+            None => {
+                let hello = Hello::decode(self.recv_pool.bytes(slot, len));
+                self.recv_pool.release(slot);
+                if let Err(e) = &hello {
+                    self.fail(e.to_string());
+                }
+                self.peer_hello = Some(hello);
+            }
+            Some(mut buf) => {
+                if len > buf.capacity() {
+                    let msg = format!(
+                        "message of {len} bytes does not fit the posted receive buffer of {} bytes",
+                        buf.capacity()
+                    );
+                    self.reuse_recv_slot(slot);
+                    if self.failed.is_none() {
+                        self.malformed = true;
+                    }
+                    self.fail(msg);
+                    return;
+                }
+                buf.storage_mut()[..len].copy_from_slice(self.recv_pool.bytes(slot, len));
+                buf.set_len(len);
+                self.counters.recvs += 1;
+                self.reuse_recv_slot(slot);
+                // A message that arrived intact is delivered even if the connection failed since,
+                // unless the failure was already reported.
+                if !self.error_reported {
+                    self.ready.push_back(Completion::Recv { buf });
+                }
+            }
+        }
+    }
+
+    /// Fails the connection (first reason wins): moves the QP to the error state so that the NIC
+    /// flushes every posted work request, and flushes the software backlogs.
+    pub(super) fn fail(&mut self, reason: String) {
+        if self.failed.is_some() {
+            return;
+        }
+        tracing::debug!(peer = %self.info.peer, reason, "rdma connection failed");
+        self.failed = Some(reason.clone());
+        // Tell the peer (DREQ on IB/RoCE, TCP close on iWARP): its side fails too, never hangs.
+        self.disconnect_cm();
+        self.recv_backlog.clear();
+        for (wr_id, _) in std::mem::take(&mut self.send_backlog) {
+            let result = Err(TransportError::Disconnected(reason.clone()));
+            self.ready.push_back(Completion::Send { wr_id, result });
+        }
+        for chunk in std::mem::take(&mut self.read_backlog) {
+            self.chunk_done(chunk.read, Some(ReadError::Flushed));
+        }
+        let moved = match self.qp.as_mut() {
+            Some(qp) => {
+                let mut attr = QueuePairAttribute::new();
+                attr.setup_state(QueuePairState::Error);
+                qp.modify(&attr).map_err(|e| e.to_string())
+            }
+            None => Err("no queue pair".into()),
+        };
+        if let Err(e) = moved {
+            tracing::debug!(error = %e, "cannot move the QP to the error state; destroying it");
+            self.abandon_qp();
+        }
+    }
+
+    /// Destroys the QP (so the NIC no longer touches our buffers) and flushes every posted
+    /// operation in software: for when the NIC cannot be trusted to flush them.
+    pub(super) fn abandon_qp(&mut self) {
+        self.qp = None;
+        for op in self.ops.drain() {
+            match op {
+                Op::Recv { slot, .. } => self.recv_pool.release(slot),
+                Op::Send { wr_id, slot } => {
+                    if let (Some(slot), Some(pool)) = (slot, self.send_pool.as_mut()) {
+                        pool.release(slot);
+                    }
+                    if let Some(wr_id) = wr_id {
+                        let reason = self.failed.clone().unwrap_or_default();
+                        self.ready.push_back(Completion::Send {
+                            wr_id,
+                            result: Err(TransportError::Disconnected(reason)),
+                        });
+                    }
+                }
+                Op::ReadChunk { read } => self.chunk_done(read, Some(ReadError::Flushed)),
+            }
+        }
+        self.sq_outstanding = 0;
+        self.reads_in_flight = 0;
+    }
+}

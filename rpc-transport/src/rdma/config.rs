@@ -1,0 +1,110 @@
+//! Configuration of the verbs backend, with defaults that work on soft-RoCE (rxe) and soft-iWARP (siw).
+
+use std::time::Duration;
+
+/// Environment variable naming the RDMA device to use (e.g. `rxe0`, `siw0`). Unset: whichever
+/// device rdma_cm binds the address to.
+pub const ENV_DEVICE: &str = "RPC_RDMA_DEVICE";
+/// Environment variable with the port number (default 1).
+pub const ENV_PORT: &str = "RPC_RDMA_PORT";
+/// Environment variable with the GID index (default 1: the IPv4-mapped GID on rxe).
+pub const ENV_GID_INDEX: &str = "RPC_RDMA_GID_INDEX";
+/// Environment variable with the CQ busy-poll window in microseconds (default 0: none).
+pub const ENV_BUSY_POLL_US: &str = "RPC_RDMA_BUSY_POLL_US";
+
+/// Settings of the verbs backend. [`RdmaConfig::from_env`] is what `rdma://` addresses use.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RdmaConfig {
+    /// Device that must carry the connection (`RPC_RDMA_DEVICE`). rdma_cm chooses the device from
+    /// the IP address; when this is set and rdma_cm chose another device, setup fails with
+    /// [`super::RdmaError::WrongDevice`] instead of silently using the other one.
+    pub device: Option<String>,
+    /// Port of the device (`RPC_RDMA_PORT`, default 1).
+    pub port: u8,
+    /// GID index that must exist on the port (`RPC_RDMA_GID_INDEX`, default 1 = the IPv4-mapped
+    /// GID on rxe). rdma_cm picks the GID it routes with; this index is checked at setup so that a
+    /// misconfigured port fails early with [`super::RdmaError::GidNotFound`].
+    pub gid_index: u32,
+    /// Busy-poll window (`RPC_RDMA_BUSY_POLL_US`, default 0). When a poll of the CQ finds nothing,
+    /// keep polling for up to this long before arming the completion channel and sleeping. Trades
+    /// CPU for latency; 0 disables it. The window adapts: it is skipped after a window that found
+    /// nothing, and used again after the next completion that arrived through an event.
+    pub busy_poll: Duration,
+    /// Largest number of completions taken from the CQ in one wake-up (bounded work per wake).
+    pub poll_budget: usize,
+    /// Send-queue depth requested for the QP (clamped to the device's limit). SENDs and READs
+    /// beyond it wait in software queues.
+    pub send_queue_depth: u32,
+    /// Number of registered send slabs (each as large as the peer's receive size) used for
+    /// SENDs too large to go inline.
+    pub send_slabs: u32,
+    /// Largest READ accepted by `post_read` (`ConnInfo::max_read_size`), default 1 GiB.
+    pub max_read_size: u64,
+    /// Largest single READ work request; larger READs are split (also bounded by the port's
+    /// `max_msg_sz`).
+    pub max_read_chunk: u64,
+    /// Timeout of address and route resolution, each.
+    pub resolve_timeout: Duration,
+    /// Bound of the whole connection setup (rdma_cm exchange plus the in-band hello).
+    pub setup_timeout: Duration,
+    /// Transport retry count of the QP (0..=7).
+    pub retry_count: u8,
+    /// RNR retry count (0..=7, 7 = forever). A SEND that finds no receive posted at the peer is
+    /// retried this many times, then fails the connection (and counts `recv_unexpected`).
+    pub rnr_retry_count: u8,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            device: None,
+            port: 1,
+            gid_index: 1,
+            busy_poll: Duration::ZERO,
+            poll_budget: 64,
+            send_queue_depth: 256,
+            send_slabs: 64,
+            max_read_size: 1 << 30,
+            max_read_chunk: 1 << 30,
+            resolve_timeout: Duration::from_secs(5),
+            setup_timeout: Duration::from_secs(30),
+            retry_count: 7,
+            rnr_retry_count: 6,
+        }
+    }
+}
+
+impl RdmaConfig {
+    /// The defaults, overridden by `RPC_RDMA_DEVICE`, `RPC_RDMA_PORT`, `RPC_RDMA_GID_INDEX` and
+    /// `RPC_RDMA_BUSY_POLL_US`. Unparsable numbers are ignored with a warning.
+    pub fn from_env() -> Self {
+        let mut cfg = RdmaConfig::default();
+        if let Ok(dev) = std::env::var(ENV_DEVICE) {
+            if !dev.trim().is_empty() {
+                cfg.device = Some(dev.trim().to_string());
+            }
+        }
+        if let Some(port) = env_number(ENV_PORT) {
+            cfg.port = port;
+        }
+        if let Some(gid) = env_number(ENV_GID_INDEX) {
+            cfg.gid_index = gid;
+        }
+        if let Some(us) = env_number::<u64>(ENV_BUSY_POLL_US) {
+            cfg.busy_poll = Duration::from_micros(us);
+        }
+        cfg
+    }
+}
+
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    let raw = std::env::var(name).ok()?;
+    match raw.trim().parse() {
+        Ok(v) => Some(v),
+        Err(_) => {
+            tracing::warn!(var = name, value = %raw, "ignoring unparsable rdma setting");
+            None
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! [`RdmaConnection`]: one RC queue pair with its CQ, pools and pending operations.
+//!
+//! Posting lives in `post.rs`, completion handling and failure in `complete.rs`, connection
+//! setup in `setup.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use sideway::ibverbs::queue_pair::BasicQueuePair;
+use sideway::rdmacm::communication_manager::Identifier;
+
+use super::buffers::{AdvertisedRegion, ReadDest, RegisteredBuf, SlotPool};
+use super::cm::{CmChannel, CmSink};
+use super::cq::CqPoller;
+use super::hello::Hello;
+use super::slab::Slab;
+use super::sys::WorkCompletion;
+use crate::{
+    Completion, ConnInfo, Connection, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    TransportError, WrId,
+};
+
+/// A work request in flight; its slab key is the verbs `wr_id`.
+#[derive(Debug)]
+pub(super) enum Op {
+    /// A posted receive into pool slot `slot`; `buf` is the caller's buffer to fill (`None`: the
+    /// hello receive).
+    Recv { slot: u32, buf: Option<RecvBuffer> },
+    /// A posted SEND; `wr_id` is `None` for the hello, `slot` is `None` for inline sends.
+    Send { wr_id: Option<WrId>, slot: Option<u32> },
+    /// One chunk of the READ with key `read` in the READ slab.
+    ReadChunk { read: u64 },
+}
+
+/// A READ, possibly split in several chunks.
+#[derive(Debug)]
+pub(super) struct ReadOp {
+    pub(super) wr_id: WrId,
+    pub(super) rkey: RKey,
+    pub(super) dest: Option<ReadDest>,
+    /// Chunks not completed yet (posted or waiting in the backlog).
+    pub(super) chunks_left: u32,
+    pub(super) error: Option<ReadError>,
+}
+
+/// One READ work request waiting for room in the send queue / under `max_rd_atomic`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Chunk {
+    pub(super) read: u64,
+    pub(super) remote_addr: u64,
+    pub(super) rkey: RKey,
+    pub(super) offset: u64,
+    pub(super) len: u32,
+}
+
+/// Limits fixed at setup.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub(super) sq_depth: u32,
+    pub(super) max_inline: u32,
+    pub(super) max_chunk: u64,
+    pub(super) max_reads: u32,
+    pub(super) poll_budget: usize,
+}
+
+/// An established (or being established) verbs connection.
+pub struct RdmaConnection {
+    // Drop order matters; see `Drop`. The QP goes first (explicitly), then the CQ poller (which
+    // acks its events), then every registered buffer, then the rdma_cm identifier and channel.
+    pub(super) qp: Option<BasicQueuePair>,
+    pub(super) cq: CqPoller,
+    pub(super) info: ConnInfo,
+    pub(super) limits: Limits,
+    pub(super) ops: Slab<Op>,
+    pub(super) reads: Slab<ReadOp>,
+    pub(super) recv_pool: SlotPool,
+    pub(super) recv_backlog: VecDeque<RecvBuffer>,
+    pub(super) recv_size: usize,
+    pub(super) send_pool: Option<SlotPool>,
+    pub(super) send_slabs: u32,
+    pub(super) hello_buf: RegisteredBuf,
+    pub(super) send_backlog: VecDeque<(WrId, Bytes)>,
+    pub(super) read_backlog: VecDeque<Chunk>,
+    pub(super) sq_outstanding: u32,
+    pub(super) reads_in_flight: u32,
+    pub(super) regions: HashMap<RKey, AdvertisedRegion>,
+    pub(super) ready: VecDeque<Completion>,
+    pub(super) peer_hello: Option<Result<Hello, TransportError>>,
+    pub(super) failed: Option<String>,
+    /// The failure was a peer's message that broke the rules (reported as `Malformed`).
+    pub(super) malformed: bool,
+    /// `poll_completions` returned the failure: nothing is delivered after that (sticky error).
+    pub(super) error_reported: bool,
+    pub(super) disconnected: bool,
+    pub(super) counters: TransportCounters,
+    pub(super) wc_scratch: Vec<WorkCompletion>,
+    pub(super) pd: Arc<ProtectionDomain>,
+    pub(super) cm_sink: Arc<CmSink>,
+    pub(super) id: Option<Arc<Identifier>>,
+    pub(super) cm: Arc<CmChannel>,
+}
+
+impl fmt::Debug for RdmaConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RdmaConnection")
+            .field("peer", &self.info.peer)
+            .field("pending", &self.ops.len())
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaConnection {
+    /// `Err(Disconnected)` (or `Malformed`) once the connection failed or was closed.
+    pub(super) fn check_alive(&self) -> Result<(), TransportError> {
+        match &self.failed {
+            Some(_) => Err(self.failure_error()),
+            None => Ok(()),
+        }
+    }
+
+    /// The error a failed connection reports.
+    pub(super) fn failure_error(&self) -> TransportError {
+        let reason = self.failed.clone().unwrap_or_default();
+        if self.malformed {
+            TransportError::Malformed(reason)
+        } else {
+            TransportError::Disconnected(reason)
+        }
+    }
+
+    /// Drives the connection: rdma_cm events, then the CQ. Returns `Pending` only with wakers
+    /// registered on both.
+    pub(super) fn poll_progress(&mut self, cx: &mut Context<'_>) {
+        // The CQ first: a message that arrived before the peer disconnected is delivered.
+        self.poll_cq(cx);
+        self.poll_cm_events(cx);
+    }
+
+    fn poll_cm_events(&mut self, cx: &mut Context<'_>) {
+        while let Poll::Ready(ev) = self.cm_sink.poll_next(cx) {
+            use super::cm::CmEvent;
+            match ev {
+                CmEvent::Disconnected => {
+                    // fail() answers with our own rdma_disconnect (the DREP on IB/RoCE).
+                    self.fail("peer disconnected".into());
+                }
+                CmEvent::Failed { kind, status } => {
+                    self.fail(format!("rdma_cm reported {kind} (status {status})"));
+                    if kind == "DEVICE_REMOVAL" {
+                        self.abandon_qp();
+                    }
+                }
+                other => tracing::trace!(event = ?other, "rdma_cm event on an established connection"),
+            }
+        }
+    }
+
+    /// Polls the CQ until it is empty (waker registered) or a user-visible completion is ready,
+    /// within the poll budget.
+    fn poll_cq(&mut self, cx: &mut Context<'_>) {
+        let mut budget = self.limits.poll_budget;
+        while budget > 0 {
+            let mut scratch = std::mem::take(&mut self.wc_scratch);
+            scratch.clear();
+            let polled = self.cq.poll(cx, budget, |wc| scratch.push(*wc));
+            for wc in &scratch {
+                self.on_completion(wc);
+            }
+            self.wc_scratch = scratch;
+            match polled {
+                Poll::Pending => return,
+                Poll::Ready(Err(e)) => {
+                    self.fail(format!("polling the completion queue failed: {e}"));
+                    self.abandon_qp();
+                    return;
+                }
+                Poll::Ready(Ok(n)) => {
+                    budget = budget.saturating_sub(n.max(1));
+                    if !self.ready.is_empty() || self.peer_hello.is_some() {
+                        return;
+                    }
+                }
+            }
+        }
+        // Budget used up on internal completions only: yield, but make sure we are polled again.
+        cx.waker().wake_by_ref();
+    }
+
+    /// Sends the rdma_cm disconnect once (unless the peer's came first).
+    pub(super) fn disconnect_cm(&mut self) {
+        if let (Some(id), false) = (&self.id, self.disconnected) {
+            if let Err(e) = id.disconnect() {
+                tracing::debug!(error = %e, "rdma_disconnect failed");
+            }
+        }
+        self.disconnected = true;
+    }
+
+    /// True once the connection failed and every SEND and READ came back. Posted receives are
+    /// not waited for: they are dropped on failure anyway, and siw does not always flush the
+    /// last one.
+    fn fully_flushed(&self) -> bool {
+        self.failed.is_some() && self.sq_outstanding == 0 && self.reads.is_empty()
+    }
+}
+
+impl Connection for RdmaConnection {
+    fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError> {
+        self.check_alive()?;
+        self.counters.recvs_posted += 1;
+        self.post_user_recv(buf);
+        Ok(())
+    }
+
+    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+        self.check_alive()?;
+        let max = self.info.peer_recv_size as usize;
+        if msg.len() > max {
+            return Err(TransportError::MessageTooLarge { len: msg.len(), max });
+        }
+        self.counters.sends += 1;
+        self.send_backlog.push_back((wr_id, msg));
+        self.pump();
+        Ok(())
+    }
+
+    fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
+        self.check_alive()?;
+        let len = data.len() as u64;
+        let (region, addr) = AdvertisedRegion::new(&self.pd, data)?;
+        let rkey = region.rkey();
+        self.regions.insert(rkey, region);
+        self.counters.regions_registered += 1;
+        Ok(RegionDesc { addr, len, rkey })
+    }
+
+    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
+        // Dropping the region runs ibv_dereg_mr: the key is invalid at the NIC when this returns.
+        match self.regions.remove(&rkey) {
+            Some(region) => {
+                drop(region);
+                self.counters.regions_revoked += 1;
+                Ok(())
+            }
+            None => Err(TransportError::UnknownKey(rkey)),
+        }
+    }
+
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
+        self.check_alive()?;
+        if dst.len() as u64 != remote.len {
+            return Err(TransportError::InvalidRead(format!(
+                "destination of {} bytes for a region of {} bytes",
+                dst.len(),
+                remote.len
+            )));
+        }
+        if remote.len > self.info.max_read_size {
+            return Err(TransportError::InvalidRead(format!(
+                "READ of {} bytes exceeds max_read_size {}",
+                remote.len, self.info.max_read_size
+            )));
+        }
+        self.start_read(wr_id, remote, dst)
+    }
+
+    fn poll_completions(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Poll<Result<(), TransportError>> {
+        if max == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if self.ready.is_empty() {
+            self.poll_progress(cx);
+        }
+        if !self.ready.is_empty() {
+            let n = max.min(self.ready.len());
+            out.extend(self.ready.drain(..n));
+            return Poll::Ready(Ok(()));
+        }
+        if self.fully_flushed() {
+            self.error_reported = true;
+            return Poll::Ready(Err(self.failure_error()));
+        }
+        Poll::Pending
+    }
+
+    fn counters(&self) -> TransportCounters {
+        self.counters
+    }
+
+    fn close(&mut self) {
+        self.fail("connection closed".into());
+        // Our own decision: don't depend on the provider flushing every posted work request
+        // (siw does not always): destroy the QP, after which the NIC touches none of our buffers,
+        // and flush what is still pending in software.
+        self.abandon_qp();
+    }
+}
+
+impl Drop for RdmaConnection {
+    fn drop(&mut self) {
+        self.disconnect_cm();
+        // Destroying the QP first guarantees the NIC no longer touches any buffer below; the CQ
+        // poller then acks its events before the CQ is destroyed (when its last Arc goes).
+        self.qp = None;
+        // Release the identifier before the channel so that its dispatcher can see it is unused.
+        self.id = None;
+        self.cm.nudge();
+    }
+}

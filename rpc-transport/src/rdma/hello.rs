@@ -1,0 +1,110 @@
+//! The in-band hello: the first SEND on each new connection.
+//!
+//! sideway 0.4 can neither set rdma_cm private data on connect/accept nor read it from an event,
+//! so the parameters that a verbs application would put there travel as the first message on the
+//! QP instead (no second TCP port needed, works the same on RoCE and iWARP). Each side posts one
+//! extra receive for it ahead of its `recv_depth` receives, so the hello never consumes a
+//! receive the protocol's credits count on. The active side sends first; the passive side answers
+//! after it got the active side's hello (which also satisfies iWARP's rule that the initiator
+//! sends the first message).
+//!
+//! Layout (little endian): magic `b"RPCRDMA1"`, `recv_depth: u32`, `recv_size: u32`,
+//! `max_dest_rd_atomic: u32` (READs this side serves at once), `max_rd_atomic: u32` (READs this
+//! side issues at once), `private_len: u16`, then the private data.
+
+use bytes::Bytes;
+
+use crate::{TransportError, MAX_PRIVATE_DATA};
+
+const MAGIC: &[u8; 8] = b"RPCRDMA1";
+const FIXED_LEN: usize = 8 + 4 * 4 + 2;
+/// Largest encoded hello; the hello receive slot is at least this large.
+pub(crate) const HELLO_MAX: usize = FIXED_LEN + MAX_PRIVATE_DATA;
+
+/// What each side tells the other at setup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub(crate) recv_depth: u32,
+    pub(crate) recv_size: u32,
+    pub(crate) max_dest_rd_atomic: u32,
+    pub(crate) max_rd_atomic: u32,
+    pub(crate) private_data: Bytes,
+}
+
+impl Hello {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let pd_len = self.private_data.len().min(MAX_PRIVATE_DATA);
+        let mut out = Vec::with_capacity(FIXED_LEN + pd_len);
+        out.extend_from_slice(MAGIC);
+        for v in [self.recv_depth, self.recv_size, self.max_dest_rd_atomic, self.max_rd_atomic] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(pd_len as u16).to_le_bytes());
+        out.extend_from_slice(&self.private_data[..pd_len]);
+        out
+    }
+
+    /// Parses a peer's hello; anything malformed is a handshake error, never a panic.
+    pub(crate) fn decode(msg: &[u8]) -> Result<Hello, TransportError> {
+        let bad = |why: &str| TransportError::Handshake(format!("bad rdma hello from peer: {why}"));
+        if msg.len() < FIXED_LEN {
+            return Err(bad("too short"));
+        }
+        if &msg[..8] != MAGIC {
+            return Err(bad("wrong magic (not an rpc rdma peer?)"));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+        let pd_len = u16::from_le_bytes([msg[24], msg[25]]) as usize;
+        if pd_len > MAX_PRIVATE_DATA || msg.len() != FIXED_LEN + pd_len {
+            return Err(bad("private data length mismatch"));
+        }
+        let hello = Hello {
+            recv_depth: u32_at(8),
+            recv_size: u32_at(12),
+            max_dest_rd_atomic: u32_at(16),
+            max_rd_atomic: u32_at(20),
+            private_data: Bytes::copy_from_slice(&msg[FIXED_LEN..]),
+        };
+        if hello.recv_depth == 0 || hello.recv_size == 0 {
+            return Err(bad("zero receive depth or size"));
+        }
+        Ok(hello)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Hello {
+        Hello {
+            recv_depth: 64,
+            recv_size: 8320,
+            max_dest_rd_atomic: 16,
+            max_rd_atomic: 8,
+            private_data: Bytes::from_static(b"hi there"),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let h = sample();
+        let enc = h.encode();
+        assert!(enc.len() <= HELLO_MAX);
+        assert_eq!(Hello::decode(&enc).unwrap(), h);
+    }
+
+    #[test]
+    fn rejects_garbage_without_panicking() {
+        let enc = sample().encode();
+        for cut in 0..enc.len() {
+            assert!(Hello::decode(&enc[..cut]).is_err(), "prefix of {cut} bytes accepted");
+        }
+        let mut wrong = enc.clone();
+        wrong[0] ^= 1;
+        assert!(Hello::decode(&wrong).is_err());
+        let mut long = enc;
+        long.push(0);
+        assert!(Hello::decode(&long).is_err());
+    }
+}

@@ -1,0 +1,261 @@
+//! Posting work requests: receives, SENDs (inline or from a send slab), READ chunks, and the
+//! software backlogs that hold work beyond the send queue's depth or `max_rd_atomic`.
+
+use bytes::Bytes;
+use sideway::ibverbs::queue_pair::{
+    PostSendGuard, QueuePair, SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
+};
+
+use super::buffers::{ReadDest, SlotPool};
+use super::conn::{Chunk, Op, RdmaConnection, ReadOp};
+use super::error::{chain, verbs};
+use crate::{Completion, RecvBuffer, RegionDesc, TransportError, WrId};
+
+impl RdmaConnection {
+    /// Posts the hello receive and `recv_depth` fresh receive buffers (before the peer can send).
+    pub(super) fn post_initial_receives(&mut self, recv_depth: u32) -> Result<(), TransportError> {
+        let slot = self.recv_pool.alloc().ok_or_else(|| verbs("post_recv", "no slot for the hello"))?;
+        self.post_recv_slot(slot, None)?;
+        for _ in 0..recv_depth {
+            let slot = self.recv_pool.alloc().ok_or_else(|| verbs("post_recv", "receive pool exhausted"))?;
+            self.post_recv_slot(slot, Some(RecvBuffer::new(self.recv_size)))?;
+        }
+        self.counters.recvs_posted += u64::from(recv_depth);
+        Ok(())
+    }
+
+    /// Posts a caller's buffer into a free slot, or keeps it until a slot frees up.
+    pub(super) fn post_user_recv(&mut self, buf: RecvBuffer) {
+        match self.recv_pool.alloc() {
+            Some(slot) => {
+                if let Err(e) = self.post_recv_slot(slot, Some(buf)) {
+                    self.fail(format!("posting a receive failed: {e}"));
+                }
+            }
+            None => self.recv_backlog.push_back(buf),
+        }
+    }
+
+    /// A receive slot came back: give it to the oldest buffer waiting for one.
+    pub(super) fn reuse_recv_slot(&mut self, slot: u32) {
+        match self.recv_backlog.pop_front() {
+            Some(buf) if self.failed.is_none() => {
+                if let Err(e) = self.post_recv_slot(slot, Some(buf)) {
+                    self.fail(format!("posting a receive failed: {e}"));
+                }
+            }
+            _ => self.recv_pool.release(slot),
+        }
+    }
+
+    fn post_recv_slot(&mut self, slot: u32, buf: Option<RecvBuffer>) -> Result<(), TransportError> {
+        let (lkey, addr, len) =
+            (self.recv_pool.lkey(), self.recv_pool.addr(slot), self.recv_pool.slot_size());
+        let Some(qp) = self.qp.as_mut() else {
+            self.recv_pool.release(slot);
+            return Err(TransportError::Disconnected("queue pair destroyed".into()));
+        };
+        let key = self.ops.insert(Op::Recv { slot, buf });
+        let mut guard = qp.start_post_recv();
+        // SAFETY: the slot lies inside the pool's registered buffer (lkey), which the connection
+        // owns and frees only after the QP is destroyed; the slot is not touched by Rust code
+        // until its completion (or flush) returns it.
+        unsafe { guard.construct_wr(key).setup_sge(lkey, addr, len as u32) };
+        if let Err(e) = guard.post() {
+            self.ops.remove(key);
+            self.recv_pool.release(slot);
+            return Err(verbs("ibv_post_recv", chain(&e)));
+        }
+        Ok(())
+    }
+
+    /// Sends our hello from its dedicated registered buffer.
+    pub(super) fn post_hello(&mut self, msg: &[u8]) -> Result<(), TransportError> {
+        let len = msg.len();
+        self.hello_buf.bytes_mut(0, len).copy_from_slice(msg);
+        let (lkey, addr) = (self.hello_buf.lkey(), self.hello_buf.addr(0));
+        let Some(qp) = self.qp.as_mut() else {
+            return Err(TransportError::Disconnected("queue pair destroyed".into()));
+        };
+        let key = self.ops.insert(Op::Send { wr_id: None, slot: None });
+        let mut guard = qp.start_post_send();
+        let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
+        // SAFETY: the hello buffer is registered (lkey) and owned by the connection, which keeps
+        // it until after the QP is destroyed; it is not written again.
+        unsafe { wr.setup_sge(lkey, addr, len as u32) };
+        if let Err(e) = guard.post() {
+            self.ops.remove(key);
+            return Err(verbs("ibv_post_send", chain(&e)));
+        }
+        self.sq_outstanding += 1;
+        Ok(())
+    }
+
+    /// Registers the destination, splits the READ into chunks and queues them.
+    pub(super) fn start_read(
+        &mut self,
+        wr_id: WrId,
+        remote: RegionDesc,
+        dst: Vec<u8>,
+    ) -> Result<(), TransportError> {
+        self.counters.reads_issued += 1;
+        if dst.is_empty() {
+            // Nothing to transfer: complete at once (the key is not checked by a zero-length READ).
+            self.ready.push_back(Completion::Read { wr_id, result: Ok(dst) });
+            return Ok(());
+        }
+        let dest = ReadDest::new(&self.pd, dst)?;
+        let chunk = self.limits.max_chunk.clamp(1, u64::from(u32::MAX));
+        let chunks = remote.len.div_ceil(chunk);
+        let read = self.reads.insert(ReadOp {
+            wr_id,
+            rkey: remote.rkey,
+            dest: Some(dest),
+            chunks_left: chunks as u32,
+            error: None,
+        });
+        let mut offset = 0;
+        while offset < remote.len {
+            let len = (remote.len - offset).min(chunk);
+            self.read_backlog.push_back(Chunk {
+                read,
+                remote_addr: remote.addr + offset,
+                rkey: remote.rkey,
+                offset,
+                len: len as u32,
+            });
+            offset += len;
+        }
+        self.pump();
+        Ok(())
+    }
+
+    /// Posts queued SENDs and READ chunks while the send queue and `max_rd_atomic` allow.
+    pub(super) fn pump(&mut self) {
+        loop {
+            if self.failed.is_some() || self.sq_outstanding >= self.limits.sq_depth {
+                return;
+            }
+            let mut progress = false;
+            if let Some((wr_id, msg)) = self.send_backlog.pop_front() {
+                match self.try_post_send(wr_id, msg) {
+                    Ok(true) => progress = true,
+                    Ok(false) => {}
+                    Err(e) => return self.fail(format!("posting a SEND failed: {e}")),
+                }
+            }
+            if self.sq_outstanding < self.limits.sq_depth && self.reads_in_flight < self.limits.max_reads {
+                if let Some(chunk) = self.read_backlog.pop_front() {
+                    if let Err(e) = self.post_chunk(chunk) {
+                        return self.fail(format!("posting a READ failed: {e}"));
+                    }
+                    progress = true;
+                }
+            }
+            if !progress {
+                return;
+            }
+        }
+    }
+
+    /// Posts one SEND; `Ok(false)` (and the message back at the head of the backlog) when it must
+    /// wait for a send slab.
+    fn try_post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<bool, TransportError> {
+        let inline = msg.len() <= self.limits.max_inline as usize;
+        let slot = if inline {
+            None
+        } else {
+            match self.send_slab()?.alloc() {
+                Some(slot) => Some(slot),
+                None => {
+                    self.send_backlog.push_front((wr_id, msg));
+                    return Ok(false);
+                }
+            }
+        };
+        let key = self.ops.insert(Op::Send { wr_id: Some(wr_id), slot });
+        let posted = match slot {
+            None => self.post_inline_send(key, &msg),
+            Some(slot) => self.post_slab_send(key, slot, &msg),
+        };
+        if let Err(e) = posted {
+            self.ops.remove(key);
+            if let Some(slot) = slot {
+                self.send_slab()?.release(slot);
+            }
+            self.ready.push_back(Completion::Send { wr_id, result: Err(e.clone_for_completion()) });
+            return Err(e);
+        }
+        self.sq_outstanding += 1;
+        Ok(true)
+    }
+
+    /// The send slab pool, created on first use (slabs as large as the peer's receive size).
+    fn send_slab(&mut self) -> Result<&mut SlotPool, TransportError> {
+        if self.send_pool.is_none() {
+            let size = self.info.peer_recv_size as usize;
+            self.send_pool = Some(SlotPool::new(&self.pd, self.send_slabs, size)?);
+        }
+        Ok(self.send_pool.as_mut().expect("created above"))
+    }
+
+    fn post_inline_send(&mut self, key: u64, msg: &[u8]) -> Result<(), TransportError> {
+        let qp =
+            self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
+        let mut guard = qp.start_post_send();
+        let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
+        if !msg.is_empty() {
+            // The provider copies inline data during ibv_post_send: nothing to keep alive.
+            wr.setup_inline_data(msg);
+        }
+        guard.post().map_err(|e| verbs("ibv_post_send", chain(&e)))
+    }
+
+    fn post_slab_send(&mut self, key: u64, slot: u32, msg: &[u8]) -> Result<(), TransportError> {
+        let pool = self.send_pool.as_mut().expect("slot came from the pool");
+        pool.bytes_mut(slot, msg.len()).copy_from_slice(msg);
+        let (lkey, addr) = (pool.lkey(), pool.addr(slot));
+        let qp =
+            self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
+        let mut guard = qp.start_post_send();
+        let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
+        // SAFETY: the slot is inside the registered send pool (lkey), owned by the connection
+        // until after the QP is destroyed, and not reused before this SEND's completion.
+        unsafe { wr.setup_sge(lkey, addr, msg.len() as u32) };
+        guard.post().map_err(|e| verbs("ibv_post_send", chain(&e)))
+    }
+
+    fn post_chunk(&mut self, chunk: Chunk) -> Result<(), TransportError> {
+        let Some(read) = self.reads.get_mut(chunk.read) else { return Ok(()) };
+        let Some(dest) = read.dest.as_ref() else { return Ok(()) };
+        debug_assert!(chunk.offset + u64::from(chunk.len) <= dest.len());
+        let (lkey, addr) = (dest.lkey(), dest.addr(chunk.offset));
+        let qp =
+            self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
+        let key = self.ops.insert(Op::ReadChunk { read: chunk.read });
+        let mut guard = qp.start_post_send();
+        let wr =
+            guard.construct_wr(key, WorkRequestFlags::Signaled).setup_read(chunk.rkey, chunk.remote_addr);
+        // SAFETY: the destination range lies inside the READ's registered destination (lkey),
+        // owned by its ReadOp, which is handed back only after every chunk completed or flushed.
+        unsafe { wr.setup_sge(lkey, addr, chunk.len) };
+        if let Err(e) = guard.post() {
+            self.ops.remove(key);
+            self.read_backlog.push_front(chunk);
+            return Err(verbs("ibv_post_send", chain(&e)));
+        }
+        self.sq_outstanding += 1;
+        self.reads_in_flight += 1;
+        Ok(())
+    }
+}
+
+trait CloneForCompletion {
+    fn clone_for_completion(&self) -> TransportError;
+}
+
+impl CloneForCompletion for TransportError {
+    fn clone_for_completion(&self) -> TransportError {
+        TransportError::Disconnected(self.to_string())
+    }
+}

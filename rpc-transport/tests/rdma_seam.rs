@@ -1,0 +1,596 @@
+//! The seam's behaviour over real verbs (soft-RoCE `rxe0` or soft-iWARP `siw0`), the same cases as
+//! `conformance.rs` runs on `mem` and `tcp`, adapted where verbs differ (documented per case).
+//!
+//! Every test here is `#[ignore]`: it needs an RDMA device and is run inside the project's VM:
+//!
+//! ```text
+//! cargo test -p rpc-transport --features rdma --test rdma_seam --no-run   # on the host
+//! RPC_RDMA_TEST_ADDR=10.0.2.15 RPC_RDMA_DEVICE=rxe0 \
+//!     scripts/vm/run.sh -- target/debug/deps/rdma_seam-<hash> --ignored --test-threads 2
+//! ```
+//!
+//! Run with `--ignored` but without `RPC_RDMA_TEST_ADDR`, each test fails (never passes without
+//! having run).
+#![cfg(feature = "rdma")]
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rpc_transport::rdma::{self, RdmaConfig};
+use rpc_transport::{
+    Address, Completion, ConnParams, Connection, ReadError, RecvBuffer, RegionDesc, TransportError,
+};
+
+/// Bound on every wait (user code runs ~17x slower in the TCG VM).
+const WAIT: Duration = Duration::from_secs(60);
+
+fn test_ip() -> IpAddr {
+    let Ok(raw) = std::env::var("RPC_RDMA_TEST_ADDR") else {
+        panic!(
+            "RPC_RDMA_TEST_ADDR is not set: these tests need an RDMA device. Run them inside the VM \
+             (scripts/vm/run.sh) with RPC_RDMA_TEST_ADDR=10.0.2.15 and RPC_RDMA_DEVICE=rxe0|siw0"
+        )
+    };
+    raw.parse().unwrap_or_else(|e| panic!("RPC_RDMA_TEST_ADDR={raw:?}: {e}"))
+}
+
+/// A port no other test of this run uses.
+fn next_addr() -> SocketAddr {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base: u16 = std::env::var("RPC_RDMA_TEST_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(17471);
+    SocketAddr::new(test_ip(), base + NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Whether the device under test is iWARP (`RPC_RDMA_DEVICE=siw0`), where a few failure modes
+/// look different (see the cases).
+fn iwarp() -> bool {
+    std::env::var("RPC_RDMA_DEVICE").is_ok_and(|d| d.starts_with("siw") || d.starts_with("iw"))
+}
+
+/// How a READ that the peer's NIC refuses (wrong or revoked key, out of bounds) completes:
+/// `InvalidKey` on IB/RoCE (a remote access error completion); on iWARP the peer terminates the
+/// connection and the initiator only sees the READ flushed.
+fn refused(rkey: u32) -> Result<Vec<u8>, ReadError> {
+    if iwarp() {
+        Err(ReadError::Flushed)
+    } else {
+        Err(ReadError::InvalidKey(rkey))
+    }
+}
+
+fn params(recv_depth: u32, recv_size: u32) -> ConnParams {
+    ConnParams { recv_depth, recv_size, private_data: Bytes::new() }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(WAIT, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// A connected (client, server) pair through the public `rdma://` addresses.
+async fn pair(client: ConnParams, server: ConnParams) -> (Box<dyn Connection>, Box<dyn Connection>) {
+    let addr = Address::Rdma(next_addr());
+    let mut l = within("listen", rpc_transport::listen(&addr, server)).await.expect("listen");
+    assert_eq!(l.local_addr(), addr);
+    let (c, s) =
+        within("connection setup", async { tokio::join!(rpc_transport::connect(&addr, client), l.accept()) })
+            .await;
+    let (c, s) = (c.expect("connect"), s.expect("accept"));
+    assert_eq!((c.info().backend, s.info().backend), ("rdma", "rdma"));
+    (c, s)
+}
+
+async fn next(conn: &mut dyn Connection) -> Result<Completion, TransportError> {
+    let mut out = Vec::with_capacity(1);
+    within("a completion", futures::future::poll_fn(|cx| conn.poll_completions(cx, &mut out, 1))).await?;
+    assert_eq!(out.len(), 1, "poll_completions returned Ready(Ok) with nothing moved");
+    Ok(out.pop().unwrap())
+}
+
+async fn recv(conn: &mut dyn Connection) -> Vec<u8> {
+    match next(conn).await.expect("completion") {
+        Completion::Recv { buf } => {
+            let bytes = buf.bytes().to_vec();
+            conn.post_recv(buf).expect("re-post receive");
+            bytes
+        }
+        other => panic!("expected a receive, got {other:?}"),
+    }
+}
+
+async fn send_done(conn: &mut dyn Connection) -> (u64, Result<(), TransportError>) {
+    match next(conn).await.expect("completion") {
+        Completion::Send { wr_id, result } => (wr_id, result),
+        other => panic!("expected a send completion, got {other:?}"),
+    }
+}
+
+async fn read_done(conn: &mut dyn Connection) -> (u64, Result<Vec<u8>, ReadError>) {
+    match next(conn).await.expect("completion") {
+        Completion::Read { wr_id, result } => (wr_id, result),
+        other => panic!("expected a READ completion, got {other:?}"),
+    }
+}
+
+async fn send_ok(conn: &mut dyn Connection, wr_id: u64, msg: &[u8]) {
+    conn.post_send(wr_id, Bytes::copy_from_slice(msg)).expect("post_send");
+    let (id, result) = send_done(conn).await;
+    assert_eq!(id, wr_id);
+    result.expect("send completion");
+}
+
+async fn drain_to_error(conn: &mut dyn Connection) -> (Vec<Completion>, TransportError) {
+    let mut seen = Vec::new();
+    loop {
+        match next(conn).await {
+            Ok(c) => seen.push(c),
+            Err(e) => return (seen, e),
+        }
+    }
+}
+
+/// After a verbs error completion the RC QP is in the error state: the connection fails, and
+/// `poll_completions` reports `Disconnected` once everything is flushed. Checks that, and that
+/// the peer sees the connection go too.
+async fn expect_connection_failed(client: &mut dyn Connection, server: &mut dyn Connection) {
+    let (seen, err) = drain_to_error(client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    assert!(seen.iter().all(|c| !matches!(c, Completion::Read { result: Ok(_), .. })), "{seen:?}");
+    assert!(client.post_send(99, Bytes::new()).is_err(), "posting on a failed connection");
+    server.close();
+    let (_, err) = drain_to_error(server).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+}
+
+macro_rules! rdma_tests {
+    ($($case:ident),* $(,)?) => {
+        $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs an RDMA device: run inside scripts/vm/run.sh with RPC_RDMA_TEST_ADDR"]
+        async fn $case() {
+            super::$case().await
+        })*
+    };
+}
+
+mod verbs {
+    rdma_tests!(
+        round_trip,
+        completions_in_order,
+        zero_byte_message,
+        large_messages_use_send_slabs,
+        message_size_limit,
+        connection_info,
+        read_small_region,
+        read_64_mib_region,
+        many_reads_in_flight,
+        more_reads_than_max_rd_atomic,
+        read_with_wrong_key_fails_connection,
+        read_out_of_bounds_fails_connection,
+        read_after_deregister,
+        read_destination_must_match,
+        unexpected_message_fails_connection,
+        peer_close_flushes_and_errors,
+        local_close_flushes_and_errors,
+        posted_buffer_too_small_fails_connection,
+        connect_to_closed_port_is_refused,
+        listen_on_any_address_and_port_zero,
+        many_connections_one_listener,
+        configuration_errors_are_typed,
+    );
+}
+
+async fn round_trip() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    send_ok(&mut *client, 1, b"ping").await;
+    assert_eq!(recv(&mut *server).await, b"ping");
+    send_ok(&mut *server, 2, b"pong").await;
+    assert_eq!(recv(&mut *client).await, b"pong");
+    let (c, s) = (client.counters(), server.counters());
+    assert_eq!((c.sends, c.recvs, s.sends, s.recvs), (1, 1, 1, 1));
+    assert_eq!(s.recvs_posted, 64 + 1, "initial receives plus the re-post");
+    assert_eq!(c.recv_unexpected + s.recv_unexpected, 0);
+}
+
+async fn completions_in_order() {
+    let (mut client, mut server) = pair(params(8, 64), params(200, 64)).await;
+    for i in 0..150u64 {
+        client.post_send(i, Bytes::from(i.to_le_bytes().to_vec())).unwrap();
+    }
+    for i in 0..150u64 {
+        let (id, result) = send_done(&mut *client).await;
+        assert_eq!(id, i, "send completions in posting order");
+        result.unwrap();
+    }
+    for i in 0..150u64 {
+        assert_eq!(recv(&mut *server).await, i.to_le_bytes(), "messages in sending order");
+    }
+}
+
+async fn zero_byte_message() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    send_ok(&mut *client, 7, b"").await;
+    send_ok(&mut *client, 8, b"after").await;
+    assert_eq!(recv(&mut *server).await, b"");
+    assert_eq!(recv(&mut *server).await, b"after");
+}
+
+/// Messages too large to go inline are copied through registered send slabs; more of them than
+/// there are slabs wait in the backlog, in order.
+async fn large_messages_use_send_slabs() {
+    let (mut client, mut server) = pair(params(8, 8192), params(300, 8192)).await;
+    let n = 200u64; // more than the 64 send slabs
+    for i in 0..n {
+        let mut msg = pattern(8192);
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        client.post_send(i, Bytes::from(msg)).unwrap();
+    }
+    for i in 0..n {
+        let (id, result) = send_done(&mut *client).await;
+        assert_eq!(id, i);
+        result.unwrap();
+    }
+    for i in 0..n {
+        let got = recv(&mut *server).await;
+        assert_eq!(got.len(), 8192);
+        assert_eq!(got[..8], i.to_le_bytes());
+        assert_eq!(got[8..], pattern(8192)[8..]);
+    }
+}
+
+async fn message_size_limit() {
+    let (mut client, mut server) = pair(params(4, 64), params(4, 100)).await;
+    assert_eq!(client.info().peer_recv_size, 100);
+    let exact = pattern(100);
+    send_ok(&mut *client, 1, &exact).await;
+    assert_eq!(recv(&mut *server).await, exact);
+    match client.post_send(2, Bytes::from(pattern(101))) {
+        Err(TransportError::MessageTooLarge { len: 101, max: 100 }) => {}
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    send_ok(&mut *client, 3, b"still here").await;
+    assert_eq!(recv(&mut *server).await, b"still here");
+}
+
+/// As on mem/tcp, except `max_reads_in_flight` (negotiated with the device) and `peer`.
+async fn connection_info() {
+    let client_params =
+        ConnParams { recv_depth: 3, recv_size: 300, private_data: Bytes::from_static(b"from client") };
+    let server_params =
+        ConnParams { recv_depth: 5, recv_size: 500, private_data: Bytes::from_static(b"from server") };
+    let (client, server) = pair(client_params, server_params).await;
+    let (ci, si) = (client.info(), server.info());
+    assert_eq!(&ci.peer_private_data[..], b"from server");
+    assert_eq!(&si.peer_private_data[..], b"from client");
+    assert_eq!((ci.peer_recv_depth, ci.peer_recv_size), (5, 500));
+    assert_eq!((si.peer_recv_depth, si.peer_recv_size), (3, 300));
+    assert_eq!(ci.max_read_size, 1 << 30);
+    assert!(ci.max_reads_in_flight >= 1 && si.max_reads_in_flight >= 1);
+    eprintln!(
+        "negotiated READs in flight: client {}, server {}",
+        ci.max_reads_in_flight, si.max_reads_in_flight
+    );
+    assert!(ci.peer.contains(&test_ip().to_string()), "{}", ci.peer);
+    assert_eq!(client.counters().recvs_posted, 3);
+    assert_eq!(server.counters().recvs_posted, 5);
+}
+
+/// As on mem/tcp, except `reads_served`: the NIC serves READs without telling software.
+async fn read_small_region() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let region = server.register(Bytes::from_static(b"hello, registered world")).unwrap();
+    assert_eq!(region.len, 23);
+    client.post_read(1, region, vec![0; 23]).unwrap();
+    assert_eq!(read_done(&mut *client).await, (1, Ok(b"hello, registered world".to_vec())));
+    let part = RegionDesc { addr: region.addr + 7, len: 10, rkey: region.rkey };
+    client.post_read(2, part, vec![0; 10]).unwrap();
+    assert_eq!(read_done(&mut *client).await, (2, Ok(b"registered".to_vec())));
+    let empty = RegionDesc { addr: region.addr + 23, len: 0, rkey: region.rkey };
+    client.post_read(3, empty, Vec::new()).unwrap();
+    assert_eq!(read_done(&mut *client).await, (3, Ok(Vec::new())));
+    let c = client.counters();
+    assert_eq!((c.reads_issued, c.bytes_read), (3, 33));
+    assert_eq!(server.counters().regions_registered, 1);
+}
+
+async fn read_64_mib_region() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let data = pattern(64 << 20);
+    let region = server.register(Bytes::from(data.clone())).unwrap();
+    let started = std::time::Instant::now();
+    client.post_read(9, region, vec![0; 64 << 20]).unwrap();
+    let (id, result) = read_done(&mut *client).await;
+    eprintln!("64 MiB READ took {:?}", started.elapsed());
+    assert_eq!(id, 9);
+    assert!(result.expect("64 MiB READ") == data, "64 MiB READ returned different bytes");
+    assert_eq!(client.counters().bytes_read, 64 << 20);
+}
+
+async fn many_reads_in_flight() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let data = pattern(4096);
+    let region = server.register(Bytes::from(data.clone())).unwrap();
+    let max = client.info().max_reads_in_flight as u64;
+    for i in 0..max {
+        let part = RegionDesc { addr: region.addr + i * 16, len: 100, rkey: region.rkey };
+        client.post_read(i, part, vec![0; 100]).unwrap();
+    }
+    let mut seen = vec![false; max as usize];
+    for _ in 0..max {
+        let (id, result) = read_done(&mut *client).await;
+        let off = id as usize * 16;
+        assert_eq!(result.unwrap(), &data[off..off + 100]);
+        assert!(!std::mem::replace(&mut seen[id as usize], true), "READ {id} completed twice");
+    }
+}
+
+/// Verbs-specific: READs beyond the negotiated `max_rd_atomic` wait in software and all complete.
+async fn more_reads_than_max_rd_atomic() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let data = pattern(1 << 20);
+    let region = server.register(Bytes::from(data.clone())).unwrap();
+    let n = u64::from(client.info().max_reads_in_flight) * 4 + 3;
+    for i in 0..n {
+        let len = 4096 + i * 100;
+        let part = RegionDesc { addr: region.addr + i * 1000, len, rkey: region.rkey };
+        client.post_read(i, part, vec![0; len as usize]).unwrap();
+    }
+    let mut done = 0;
+    while done < n {
+        let (id, result) = read_done(&mut *client).await;
+        let (off, len) = (id as usize * 1000, 4096 + id as usize * 100);
+        assert_eq!(result.unwrap(), &data[off..off + len], "READ {id}");
+        done += 1;
+    }
+    // The connection is still fine afterwards.
+    send_ok(&mut *client, 1, b"after many reads").await;
+    assert_eq!(recv(&mut *server).await, b"after many reads");
+}
+
+/// Differs from mem/tcp: on verbs a READ with a wrong key is a remote access error completion
+/// after which the RC QP is in the error state. The READ completes with `InvalidKey` (`Flushed`
+/// on iWARP, see `refused`), then the connection fails (everything else flushed,
+/// `poll_completions` -> `Disconnected`) on both sides.
+async fn read_with_wrong_key_fails_connection() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let region = server.register(Bytes::from_static(b"private")).unwrap();
+    let wrong = RegionDesc { rkey: region.rkey.wrapping_add(0x100), ..region };
+    client.post_read(1, wrong, vec![0; 7]).unwrap();
+    assert_eq!(read_done(&mut *client).await, (1, refused(wrong.rkey)));
+    expect_connection_failed(&mut *client, &mut *server).await;
+}
+
+/// Differs from mem/tcp: verbs reports an out-of-bounds READ as the same remote access error as a
+/// wrong key (`InvalidKey`), and the connection fails.
+async fn read_out_of_bounds_fails_connection() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let region = server.register(Bytes::from(pattern(64))).unwrap();
+    let past_end = RegionDesc { addr: region.addr + 1, len: 64, ..region };
+    client.post_read(1, past_end, vec![0; 64]).unwrap();
+    assert_eq!(read_done(&mut *client).await, (1, refused(region.rkey)));
+    expect_connection_failed(&mut *client, &mut *server).await;
+}
+
+/// As on mem/tcp up to the revoked READ, which then fails the connection (see above).
+async fn read_after_deregister() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let region = server.register(Bytes::from_static(b"short-lived")).unwrap();
+    client.post_read(1, region, vec![0; 11]).unwrap();
+    assert_eq!(read_done(&mut *client).await, (1, Ok(b"short-lived".to_vec())));
+    server.deregister(region.rkey).unwrap();
+    assert_eq!(server.counters().regions_revoked, 1);
+    assert!(matches!(server.deregister(region.rkey), Err(TransportError::UnknownKey(k)) if k == region.rkey));
+    client.post_read(2, region, vec![0; 11]).unwrap();
+    assert_eq!(read_done(&mut *client).await, (2, refused(region.rkey)));
+    let s = server.counters();
+    assert_eq!((s.regions_registered, s.regions_revoked), (1, 1));
+    expect_connection_failed(&mut *client, &mut *server).await;
+}
+
+async fn read_destination_must_match() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let region = server.register(Bytes::from_static(b"12345678")).unwrap();
+    assert!(matches!(client.post_read(1, region, vec![0; 7]), Err(TransportError::InvalidRead(_))));
+    let huge = RegionDesc { len: (1 << 30) + 1, ..region };
+    assert!(matches!(client.post_read(2, huge, Vec::new()), Err(TransportError::InvalidRead(_))));
+    assert_eq!(client.counters().reads_issued, 0);
+}
+
+/// Differs from mem/tcp: verbs has no overflow queue. A SEND that finds no receive posted is
+/// retried (RNR, rxe) and then fails, counted in the sender's `recv_unexpected`; iWARP has no RNR
+/// and the receiver terminates the connection. Either way the connection fails instead of
+/// buffering, on both sides.
+async fn unexpected_message_fails_connection() {
+    let (mut client, mut server) = pair(params(4, 64), params(1, 64)).await;
+    client.post_send(1, Bytes::from_static(b"one")).unwrap();
+    client.post_send(2, Bytes::from_static(b"two")).unwrap();
+    let (seen, err) = drain_to_error(&mut *client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    let results: Vec<_> = seen
+        .iter()
+        .filter_map(|c| match c {
+            Completion::Send { wr_id, result } => Some((*wr_id, result.is_ok())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.first(), Some(&(1, true)), "{seen:?}");
+    if iwarp() {
+        // iWARP completes a SEND once it is on the wire; the receiver terminates the connection.
+        assert!(results.iter().any(|&(id, _)| id == 2), "{seen:?}");
+    } else {
+        assert!(results.iter().any(|&(id, ok)| id == 2 && !ok), "{seen:?}");
+        assert_eq!(client.counters().recv_unexpected, 1);
+    }
+    // The one posted receive got the first message.
+    match next(&mut *server).await {
+        Ok(Completion::Recv { buf }) => assert_eq!(buf.bytes(), b"one"),
+        other => panic!("expected the first message, got {other:?}"),
+    }
+    let (_, err) = drain_to_error(&mut *server).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+}
+
+async fn peer_close_flushes_and_errors() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let region = server.register(Bytes::from(pattern(1 << 20))).unwrap();
+    for i in 0..8 {
+        client.post_read(i, region, vec![0; 1 << 20]).unwrap();
+        client.post_send(100 + i, Bytes::from_static(b"x")).unwrap();
+    }
+    server.close();
+    let (seen, err) = drain_to_error(&mut *client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    let mut ids: Vec<u64> = seen
+        .iter()
+        .filter_map(|c| match c {
+            Completion::Read { wr_id, result } => {
+                assert!(matches!(result, Ok(v) if v.len() == 1 << 20) || result == &Err(ReadError::Flushed));
+                Some(*wr_id)
+            }
+            Completion::Send { wr_id, result } => {
+                assert!(matches!(result, Ok(()) | Err(TransportError::Disconnected(_))), "{result:?}");
+                Some(*wr_id)
+            }
+            _ => None,
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..8).chain(100..108).collect::<Vec<_>>());
+    assert!(matches!(next(&mut *client).await, Err(TransportError::Disconnected(_))));
+    assert!(client.post_send(1, Bytes::new()).is_err());
+    assert!(client.post_read(1, region, vec![0; 1 << 20]).is_err());
+    assert!(client.post_recv(RecvBuffer::new(8)).is_err());
+    let (_, server_err) = drain_to_error(&mut *server).await;
+    assert!(matches!(server_err, TransportError::Disconnected(_)));
+}
+
+async fn local_close_flushes_and_errors() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let region = server.register(Bytes::from_static(b"abc")).unwrap();
+    client.post_read(1, region, vec![0; 3]).unwrap();
+    client.close();
+    let (seen, err) = drain_to_error(&mut *client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    assert!(
+        matches!(&seen[..], [Completion::Read { wr_id: 1, result }] if result.is_ok() || result == &Err(ReadError::Flushed)),
+        "{seen:?}"
+    );
+    let (_, err) = drain_to_error(&mut *server).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    drop(client);
+}
+
+async fn posted_buffer_too_small_fails_connection() {
+    let (mut client, mut server) = pair(params(4, 64), params(1, 64)).await;
+    send_ok(&mut *client, 1, b"fits").await;
+    match next(&mut *server).await.unwrap() {
+        Completion::Recv { buf } => assert_eq!(buf.bytes(), b"fits"),
+        other => panic!("expected a receive, got {other:?}"),
+    }
+    server.post_recv(RecvBuffer::new(4)).unwrap();
+    client.post_send(2, Bytes::from_static(b"does not fit")).unwrap();
+    let (_, err) = drain_to_error(&mut *server).await;
+    assert!(matches!(err, TransportError::Malformed(_)), "{err:?}");
+    let (_, err) = drain_to_error(&mut *client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+}
+
+/// Verbs-specific: nothing listens on the port -> a typed error, quickly, no hang.
+async fn connect_to_closed_port_is_refused() {
+    let addr = next_addr();
+    let mut cfg = RdmaConfig::from_env();
+    cfg.setup_timeout = Duration::from_secs(20);
+    let err = within("connect to a closed port", rdma::connect_with(addr, ConnParams::default(), cfg))
+        .await
+        .expect_err("nothing listens there");
+    let kind = rdma::RdmaError::find(&err);
+    assert!(
+        matches!(kind, Some(rdma::RdmaError::Rejected { .. } | rdma::RdmaError::Unreachable { .. })),
+        "{err:?}"
+    );
+    assert!(matches!(err, TransportError::Connect { .. }), "{err:?}");
+}
+
+/// Verbs-specific: `0.0.0.0` listens on every RDMA device; port 0 picks a free port, which
+/// `local_addr` reports.
+async fn listen_on_any_address_and_port_zero() {
+    let any = SocketAddr::new("0.0.0.0".parse().unwrap(), 0);
+    let mut l = within("listen", rpc_transport::listen(&Address::Rdma(any), ConnParams::default()))
+        .await
+        .expect("listen on 0.0.0.0:0");
+    let Address::Rdma(bound) = l.local_addr() else { panic!("not an rdma address") };
+    assert_ne!(bound.port(), 0);
+    let target = Address::Rdma(SocketAddr::new(test_ip(), bound.port()));
+    let (c, s) = within("connection setup", async {
+        tokio::join!(rpc_transport::connect(&target, ConnParams::default()), l.accept())
+    })
+    .await;
+    let (mut client, mut server) = (c.expect("connect"), s.expect("accept"));
+    send_ok(&mut *client, 1, b"via any").await;
+    assert_eq!(recv(&mut *server).await, b"via any");
+}
+
+/// Several connections through one listener, used at the same time, then dropped in any order.
+async fn many_connections_one_listener() {
+    let addr = Address::Rdma(next_addr());
+    let mut l = within("listen", rpc_transport::listen(&addr, params(4, 256))).await.expect("listen");
+    let mut pairs = Vec::new();
+    for _ in 0..4 {
+        let (c, s) = within("connection setup", async {
+            tokio::join!(rpc_transport::connect(&addr, params(4, 256)), l.accept())
+        })
+        .await;
+        match (c, s) {
+            (Ok(c), Ok(s)) => pairs.push((c, s)),
+            (c, s) => panic!("connection {}: connect {c:?}, accept {s:?}", pairs.len()),
+        }
+    }
+    for (i, (client, server)) in pairs.iter_mut().enumerate() {
+        send_ok(&mut **client, i as u64, format!("conn {i}").as_bytes()).await;
+        assert_eq!(recv(&mut **server).await, format!("conn {i}").as_bytes());
+    }
+    drop(l);
+    let (mut c0, s0) = pairs.remove(0);
+    drop(s0); // the peer of c0 goes away: c0 fails, the others are unaffected
+    let (_, err) = drain_to_error(&mut *c0).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    for (i, (client, server)) in pairs.iter_mut().enumerate() {
+        send_ok(&mut **server, i as u64, b"still up").await;
+        assert_eq!(recv(&mut **client).await, b"still up");
+    }
+}
+
+/// Verbs-specific: an unknown device or a missing GID index fail setup with typed errors.
+async fn configuration_errors_are_typed() {
+    let mut cfg = RdmaConfig::from_env();
+    cfg.device = Some("no_such_dev0".into());
+    let err = rdma::connect_with(next_addr(), ConnParams::default(), cfg).await.expect_err("unknown device");
+    assert!(matches!(rdma::RdmaError::find(&err), Some(rdma::RdmaError::DeviceNotFound { .. })), "{err:?}");
+
+    let mut cfg = RdmaConfig::from_env();
+    cfg.gid_index = 999;
+    cfg.setup_timeout = Duration::from_secs(20);
+    let err =
+        within("connect with GID index 999", rdma::connect_with(next_addr(), ConnParams::default(), cfg))
+            .await
+            .expect_err("bad GID index, or nothing listening");
+    let found = rdma::RdmaError::find(&err);
+    if iwarp() {
+        // iWARP addresses by IP: the GID index does not apply, and the connect is refused.
+        assert!(
+            matches!(found, Some(rdma::RdmaError::Rejected { .. } | rdma::RdmaError::Unreachable { .. })),
+            "{err:?}"
+        );
+    } else {
+        assert!(matches!(found, Some(rdma::RdmaError::GidNotFound { index: 999, .. })), "{err:?}");
+        assert!(err.to_string().contains("I/O") || matches!(err, TransportError::Io(_)), "{err:?}");
+    }
+}
