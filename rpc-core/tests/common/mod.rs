@@ -79,6 +79,8 @@ pub fn pattern(len: usize, seed: u8) -> Bytes {
 pub enum Kind {
     Mem,
     Tcp,
+    /// Verbs: only with the `rdma` feature, on a device (the soft-RoCE / siw VM runs these).
+    Rdma,
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -89,6 +91,10 @@ impl Kind {
         match self {
             Kind::Mem => format!("mem://e2e-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)),
             Kind::Tcp => "tcp://127.0.0.1:0".to_string(),
+            Kind::Rdma => {
+                let ip = std::env::var("RPC_RDMA_TEST_ADDR").unwrap_or_else(|_| "10.0.2.15".into());
+                format!("rdma://{ip}:0")
+            }
         }
     }
 }
@@ -149,6 +155,19 @@ macro_rules! over_all_transports {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     tokio::time::timeout(common::LIMIT, super::$name(common::Kind::Tcp)).await.expect("test timed out");
+                }
+            )*
+        }
+        /// The same tests over verbs: selected with `--ignored` where a device exists
+        /// (`scripts/vm/rdma-suite.sh` runs them on rxe0 and siw0).
+        #[cfg(feature = "rdma")]
+        mod rdma {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs an RDMA device: run inside the soft-RoCE/siw VM"]
+                async fn $name() {
+                    tokio::time::timeout(common::LIMIT, super::$name(common::Kind::Rdma)).await.expect("test timed out");
                 }
             )*
         }
