@@ -127,6 +127,26 @@ pub struct ConnInfo {
     pub backend: &'static str,
 }
 
+impl ConnInfo {
+    /// Checks the arguments of a READ against this connection: the destination must be exactly
+    /// as long as the region, and the region no longer than [`ConnInfo::max_read_size`].
+    pub fn check_read(&self, remote: &RegionDesc, dst_len: usize) -> Result<(), TransportError> {
+        if dst_len as u64 != remote.len {
+            return Err(TransportError::InvalidRead(format!(
+                "destination of {dst_len} bytes for a region of {} bytes",
+                remote.len
+            )));
+        }
+        if remote.len > self.max_read_size {
+            return Err(TransportError::InvalidRead(format!(
+                "READ of {} bytes exceeds max_read_size {}",
+                remote.len, self.max_read_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A receive buffer: owned by the receive queue while posted, by the caller after its completion.
 pub struct RecvBuffer {
     data: Box<[u8]>,

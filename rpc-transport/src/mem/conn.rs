@@ -76,25 +76,6 @@ fn link_deaths(a: &Arc<Soft>, b: &Arc<Soft>) {
     b.set_on_death(follow(a));
 }
 
-impl MemConnection {
-    fn check_read(&self, remote: &RegionDesc, dst: &[u8]) -> Result<(), TransportError> {
-        if dst.len() as u64 != remote.len {
-            return Err(TransportError::InvalidRead(format!(
-                "destination of {} bytes for a region of {}",
-                dst.len(),
-                remote.len
-            )));
-        }
-        if remote.len > self.info.max_read_size {
-            return Err(TransportError::InvalidRead(format!(
-                "{} bytes exceeds max_read_size {}",
-                remote.len, self.info.max_read_size
-            )));
-        }
-        Ok(())
-    }
-}
-
 impl Connection for MemConnection {
     fn info(&self) -> &ConnInfo {
         &self.info
@@ -137,7 +118,7 @@ impl Connection for MemConnection {
     }
 
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
-        self.check_read(&remote, &dst)?;
+        self.info.check_read(&remote, dst.len())?;
         let op = self.local.begin_read(wr_id, remote, dst)?;
         let (local, peer, plan) = (self.local.clone(), self.peer.clone(), self.plan.clone());
         self.delay.run(self.plan.completion_delay(), move || {

@@ -257,19 +257,7 @@ impl Connection for RdmaConnection {
 
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
         self.check_alive()?;
-        if dst.len() as u64 != remote.len {
-            return Err(TransportError::InvalidRead(format!(
-                "destination of {} bytes for a region of {} bytes",
-                dst.len(),
-                remote.len
-            )));
-        }
-        if remote.len > self.info.max_read_size {
-            return Err(TransportError::InvalidRead(format!(
-                "READ of {} bytes exceeds max_read_size {}",
-                remote.len, self.info.max_read_size
-            )));
-        }
+        self.info.check_read(&remote, dst.len())?;
         self.start_read(wr_id, remote, dst)
     }
 

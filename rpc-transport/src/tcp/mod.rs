@@ -114,23 +114,6 @@ impl TcpConnection {
         TcpConnection { soft, out, info }
     }
 
-    fn check_read(&self, remote: &RegionDesc, dst: &[u8]) -> Result<(), TransportError> {
-        if dst.len() as u64 != remote.len {
-            return Err(TransportError::InvalidRead(format!(
-                "destination of {} bytes for a region of {}",
-                dst.len(),
-                remote.len
-            )));
-        }
-        if remote.len > self.info.max_read_size {
-            return Err(TransportError::InvalidRead(format!(
-                "{} bytes exceeds max_read_size {}",
-                remote.len, self.info.max_read_size
-            )));
-        }
-        Ok(())
-    }
-
     /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the
     /// operation was flushed.
     fn queue(&self, frame: Outgoing) {
@@ -166,7 +149,7 @@ impl Connection for TcpConnection {
     }
 
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
-        self.check_read(&remote, &dst)?;
+        self.info.check_read(&remote, dst.len())?;
         let id = self.soft.begin_read(wr_id, remote, dst)?;
         self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });
         Ok(())
