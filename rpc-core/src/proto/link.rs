@@ -62,6 +62,8 @@ pub(crate) struct Link {
     credits_to_return: u32,
     credit_threshold: u32,
     tx: VecDeque<Outgoing>,
+    /// How many frames at the front of `tx` were already counted as stalled.
+    stalled_counted: usize,
     pending_dones: VecDeque<u64>,
     ops: VecDeque<Op>,
     next_send_wr: WrId,
@@ -87,6 +89,7 @@ impl Link {
             credits_to_return: 0,
             credit_threshold: (own_recv_depth / 2).max(1),
             tx: VecDeque::new(),
+            stalled_counted: 0,
             pending_dones: VecDeque::new(),
             ops: VecDeque::new(),
             next_send_wr: 1,
@@ -111,9 +114,6 @@ impl Link {
 
     /// Queues a frame; it goes out as soon as credits allow.
     pub fn queue(&mut self, header: Header, body: Bytes) {
-        if !self.tx.is_empty() || self.peer_credits <= 1 {
-            self.stats.credit_stalls += 1; // this frame waits for credits
-        }
         self.tx.push_back(Outgoing { header, body });
     }
 
@@ -146,9 +146,13 @@ impl Link {
         loop {
             if !self.tx.is_empty() && self.peer_credits > 1 {
                 let Some(out) = self.tx.pop_front() else { break };
+                self.stalled_counted = self.stalled_counted.saturating_sub(1);
                 self.send(out.header, &out.body);
                 continue;
             }
+            // Whatever is still queued waits for credits: count each frame once.
+            self.stats.credit_stalls += (self.tx.len() - self.stalled_counted) as u64;
+            self.stalled_counted = self.tx.len();
             let must_return = self.credits_to_return >= self.credit_threshold && self.peer_credits >= 1;
             let may_report = !self.pending_dones.is_empty() && self.peer_credits > 1;
             if must_return || may_report {
