@@ -283,6 +283,14 @@ impl RdmaConnection {
     ) -> Result<(), TransportError> {
         let qp =
             self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
+        // INIT again first, as librdmacm's own ucma_modify_qp_rtr does: on the active side the QP
+        // went to INIT before the CM exchange, when the kernel's INIT attributes carry no
+        // REMOTE_READ access (responder_resources still unknown). Without this the client's QP
+        // refused every READ the server issued (a rendezvous request: "remote invalid request" on
+        // rxe, found by scripts/vm/rdma-suite.sh); the passive side merely gets the same flags again.
+        let init =
+            id.get_qp_attr(QueuePairState::Init).map_err(|e| verbs("rdma_init_qp_attr(INIT)", chain(&e)))?;
+        qp.modify(&init).map_err(|e| verbs("ibv_modify_qp(INIT->INIT)", chain(&e)))?;
         let rtr = id
             .get_qp_attr(QueuePairState::ReadyToReceive)
             .map_err(|e| verbs("rdma_init_qp_attr(RTR)", chain(&e)))?;

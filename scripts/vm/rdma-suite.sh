@@ -1,0 +1,432 @@
+#!/usr/bin/env bash
+# The rdma suite in one command: the verbs integration tests, the kv demo, a short rpc-bench and the
+# perftest yardstick, over soft-RoCE (rxe0) and then soft-iWARP (siw0), in ONE VM boot.
+#
+#   scripts/vm/rdma-suite.sh [--timeout SECS]          (on the host, as root: it runs setup.sh)
+#
+#  1. scripts/vm/setup.sh (idempotent: packages incl. cmake/clang/rdma-core, kernel, siw.ko, initramfs);
+#  2. on the host: `cargo test --no-run` with the rdma features for the test binaries rdma_seam,
+#     rdma_memlock (rpc-transport), e2e_calls, e2e_failures (rpc-core), and
+#     `cargo build --release` of the kv example and rpc-bench with the rdma features;
+#  3. in the VM, for rxe0 and then siw0 (rxe0 is deleted first: rdma_cm binds 10.0.2.15 to the first
+#     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15: each test
+#     binary with `--ignored --test-threads 2`, `kv demo` over rdma://, rpc-bench (echo 32 B, download
+#     and upload 1 MiB and 16 MiB, a few seconds per point) and scripts/vm/perftest.sh <dev>;
+#  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
+#     next to perftest (with ratios).
+#
+# Options:
+#   --timeout SECS  bound on the whole run (setup, builds, VM); default 1800 or $RPC_RDMA_SUITE_TIMEOUT.
+#                   The VM gets what is left after setup and builds (warm: ~270 s of VM time needed).
+# Environment: RPC_RDMA_SUITE_STEP_TIMEOUT (seconds per step in the VM, default 400),
+#   RPC_RDMA_SUITE_BENCH_SECS (seconds per bench point, default 3), RPC_VM_CACHE (see common.sh).
+#
+# Exit status: 0 if every test binary passed and ran > 0 tests, the demo and every bench run succeeded
+# on both devices; 1 if anything failed, was not run, or the VM timed out; 78 if this machine cannot run
+# the VM at all (setup.sh failed, no qemu-system-x86_64, or the VM did not boot / set up RDMA); 2 usage.
+# Logs: <cache>/out/rdma-suite-<date>-XXXX/ (printed at the end; the newest 10 are kept).
+set -euo pipefail
+
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+EXIT_FAILED=1
+EXIT_NO_VM=78
+KEEP_SUITES=10
+DEVICES=(rxe0 siw0)
+GUEST_IP=10.0.2.15
+# package:test-target, in the order they run.
+TEST_TARGETS=(rpc-transport:rdma_seam rpc-transport:rdma_memlock rpc-core:e2e_calls rpc-core:e2e_failures)
+CARGO_FEATURES=(--features "rpc-core/rdma rpc-transport/rdma")
+RELEASE_FEATURES=(--features "examples/rdma benches/rdma")
+
+usage() {
+    sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" >&2
+    exit 2
+}
+
+# ================================================================ inside the VM
+
+STEP_TIMEOUT="${RPC_RDMA_SUITE_STEP_TIMEOUT:-400}"
+BENCH_SECS="${RPC_RDMA_SUITE_BENCH_SECS:-3}"
+
+# record DEV KIND NAME STATUS PASSED FAILED DETAIL: one line of results.tsv (read by the host).
+record() {
+    local IFS=$'\t'
+    printf '%s\n' "$*" >>"$SUITE_DIR/results.tsv"
+}
+
+# run_step LOG CMD...: CMD under the step timeout, output to LOG; sets STEP_STATUS and STEP_SECS.
+# A step that fails (not one that times out) is run once more: siw0 has a known intermittent
+# connection-setup failure ("work request failed: flushed" before the hello). The first attempt's log
+# is kept as LOG.first-attempt and the step is listed as FLAKY in the summary, never passed silently;
+# a step that fails twice fails the suite.
+run_step() {
+    local log="$1" t0=$SECONDS
+    shift
+    STEP_STATUS=0
+    timeout -k 10 "$STEP_TIMEOUT" "$@" >"$log" 2>&1 </dev/null || STEP_STATUS=$?
+    if ((STEP_STATUS != 0 && STEP_STATUS != 124 && STEP_STATUS != 137)); then
+        mv -f "$log" "$log.first-attempt"
+        printf '%s\tfailed once (status %s), retried: %s\n' "${log#"$SUITE_DIR"/}" "$STEP_STATUS" \
+            "$(grep -a -m1 -iE 'error|panicked|failed' "$log.first-attempt" | cut -c1-160)" >>"$SUITE_DIR/flaky.tsv"
+        STEP_STATUS=0
+        timeout -k 10 "$STEP_TIMEOUT" "$@" >"$log" 2>&1 </dev/null || STEP_STATUS=$?
+    fi
+    STEP_SECS=$((SECONDS - t0))
+}
+
+status_word() {
+    case "$1" in
+    0) echo ok ;;
+    124 | 137) echo "TIMED OUT after ${STEP_TIMEOUT} s" ;;
+    *) echo "FAILED (status $1)" ;;
+    esac
+}
+
+# run_test DEV NAME DIR EXE: one test binary, as `cargo test` would run it, rdma tests only.
+run_test() {
+    local dev="$1" name="$2" dir="$3" exe="$4" log="$SUITE_DIR/$1/$2.log"
+    run_step "$log" env -C "$dir" CARGO_MANIFEST_DIR="$dir" "$exe" --ignored --test-threads 2
+    local line passed failed
+    line="$(grep -a '^test result:' "$log" | tail -n 1 || true)"
+    passed="$(sed -n 's/.* \([0-9][0-9]*\) passed.*/\1/p' <<<"$line")"
+    failed="$(sed -n 's/.* \([0-9][0-9]*\) failed.*/\1/p' <<<"$line")"
+    record "$dev" test "$name" "$STEP_STATUS" "${passed:-0}" "${failed:-?}" "${line:-no test result line}"
+    echo "[$dev] $name: $(status_word "$STEP_STATUS") in ${STEP_SECS} s: ${line:-no 'test result:' line (see $log)}"
+}
+
+run_demo() {
+    local dev="$1" log="$SUITE_DIR/$1/kv-demo.log"
+    run_step "$log" "$KV_BIN" demo --listen "rdma://$GUEST_IP:0"
+    record "$dev" demo kv-demo "$STEP_STATUS" - - "$(tail -n 1 "$log")"
+    echo "[$dev] kv demo: $(status_word "$STEP_STATUS") in ${STEP_SECS} s: $(tail -n 1 "$log")"
+}
+
+# run_bench DEV NAME WORKLOAD SIZES: one rpc-bench run, its CSV in $SUITE_DIR/DEV/bench/NAME.csv.
+run_bench() {
+    local dev="$1" name="$2" workload="$3" sizes="$4" log="$SUITE_DIR/$1/bench-$2.log"
+    run_step "$log" "$BENCH_BIN" run --listen "rdma://$GUEST_IP:0" --workload "$workload" --sizes "$sizes" \
+        --duration "$BENCH_SECS" --out "$SUITE_DIR/$dev/bench" --name "$name" --no-plots
+    record "$dev" bench "$name" "$STEP_STATUS" - - "$workload $sizes"
+    echo "[$dev] rpc-bench $workload $sizes: $(status_word "$STEP_STATUS") in ${STEP_SECS} s"
+    grep -a -A4 '^# rpc-core over rdma' "$log" | grep -aE '^ +[0-9]' || true
+}
+
+run_perftest() {
+    local dev="$1" log="$SUITE_DIR/$1/perftest.log"
+    STEP_STATUS=0
+    RPC_VM_OUT="$SUITE_DIR/$dev" "$VM_SCRIPTS_DIR/perftest.sh" "$dev" >"$log" 2>&1 </dev/null || STEP_STATUS=$?
+    record "$dev" perftest perftest "$STEP_STATUS" - - "$(grep -a '^PERFTEST' "$log" || echo 'no PERFTEST line')"
+    echo "[$dev] perftest: $(status_word "$STEP_STATUS"): $(grep -a '^PERFTEST' "$log" || tail -n 3 "$log")"
+}
+
+# Leaves DEV where rdma_cm will pick it: rxe0 is the first device on 10.0.2.15 (nothing to do), so for
+# any other device every other device is deleted first.
+select_device() {
+    local dev="$1" other
+    [[ -e "/sys/class/infiniband/$dev" ]] || return 1
+    if [[ "$dev" != rxe0 ]]; then
+        for other in /sys/class/infiniband/*; do
+            other="${other##*/}"
+            [[ "$other" == "$dev" ]] || rdma link delete "$other" || return 1
+        done
+    fi
+    local have=(/sys/class/infiniband/*)
+    echo "[$dev] devices: ${have[*]##*/}"
+}
+
+in_vm() {
+    SUITE_DIR="$1"
+    # shellcheck source=/dev/null
+    source "$SUITE_DIR/manifest.sh" # TESTS=(name|dir|exe ...), KV_BIN, BENCH_BIN
+    date +%s >"$SUITE_DIR/vm.started"
+    export RPC_RDMA_TEST_ADDR="$GUEST_IP"
+    local dev entry name dir exe
+    for dev in "${DEVICES[@]}"; do
+        mkdir -p "$SUITE_DIR/$dev"
+        echo "===== $dev ($(date -u +%H:%M:%S))"
+        if ! select_device "$dev"; then
+            echo "!!!!! [$dev] device MISSING in the VM (or could not isolate it): every $dev step fails !!!!!"
+            record "$dev" device "$dev" 1 - - "device missing"
+            continue
+        fi
+        export RPC_RDMA_DEVICE="$dev"
+        # A separate rdma_cm/TCP port range per device (siw's iWARP connections are TCP).
+        [[ "$dev" == siw* ]] && export RPC_RDMA_TEST_PORT=20000
+        for entry in "${TESTS[@]}"; do
+            IFS='|' read -r name dir exe <<<"$entry"
+            run_test "$dev" "$name" "$dir" "$exe"
+        done
+        run_demo "$dev"
+        run_bench "$dev" echo echo 32
+        run_bench "$dev" download download 1M,16M
+        run_bench "$dev" upload upload 1M,16M
+        run_perftest "$dev"
+    done
+    echo "===== done ($(date -u +%H:%M:%S))"
+    touch "$SUITE_DIR/vm.done"
+}
+
+# ================================================================ on the host
+
+# LOUD: this machine cannot run the VM at all; CI decides what that means (exit 78).
+no_vm() {
+    {
+        echo
+        echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+        echo "!!!!! rdma-suite.sh: THIS MACHINE CANNOT RUN THE RDMA VM: $*"
+        echo "!!!!! NO rdma test ran. (exit $EXIT_NO_VM)"
+        echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+    } >&2
+    exit "$EXIT_NO_VM"
+}
+
+TOTAL_TIMEOUT="${RPC_RDMA_SUITE_TIMEOUT:-1800}"
+parse_args() {
+    while (($# > 0)); do
+        case "$1" in
+        --timeout)
+            [[ "${2:-}" =~ ^[0-9]+$ ]] || usage
+            TOTAL_TIMEOUT="$2"
+            shift 2
+            ;;
+        *) usage ;;
+        esac
+    done
+}
+
+step() { printf '\n[rdma-suite] == %s (%s)\n' "$*" "$(date -u +%H:%M:%S)" >&2; }
+
+ensure_vm_ready() {
+    step "setup.sh"
+    timeout "$(remaining)" "$VM_SCRIPTS_DIR/setup.sh" || no_vm "scripts/vm/setup.sh failed (status $?)"
+    command -v qemu-system-x86_64 >/dev/null || no_vm "no qemu-system-x86_64 after setup.sh"
+}
+
+# Seconds left of the --timeout budget, at least 1 (`timeout 0` would mean no limit at all).
+remaining() {
+    local left=$((DEADLINE - $(date +%s)))
+    echo $((left > 1 ? left : 1))
+}
+
+# Sets TESTS to "name|manifest_dir|executable" for each wanted test target; fails if one is missing.
+build_tests() {
+    step "cargo test --no-run ${CARGO_FEATURES[*]}"
+    local json="$SUITE_DIR/cargo-test.json" spec pkg target line
+    (cd "$VM_REPO_DIR" && timeout "$(remaining)" cargo test -p rpc-transport -p rpc-core "${CARGO_FEATURES[@]}" --no-run \
+        --message-format=json-render-diagnostics >"$json") || return 1
+    TESTS=()
+    for spec in "${TEST_TARGETS[@]}"; do
+        pkg="${spec%%:*}" target="${spec#*:}"
+        line="$(jq -r --arg pkg "$pkg" --arg t "$target" '
+            select(.reason == "compiler-artifact" and .profile.test and .executable != null
+                   and .target.name == $t and (.package_id | test("[/#]" + $pkg + "[@#]")))
+            | "\(.target.name)|\(.manifest_path | sub("/Cargo.toml$"; ""))|\(.executable)"' "$json" | tail -n 1)"
+        [[ -n "$line" ]] || { vm_log "ERROR: cargo built no test binary $target in $pkg"; return 1; }
+        TESTS+=("$line")
+        vm_log "test binary: ${line##*|}"
+    done
+}
+
+build_release() {
+    step "cargo build --release ${RELEASE_FEATURES[*]}"
+    (cd "$VM_REPO_DIR" && timeout "$(remaining)" cargo build --release -p examples -p benches "${RELEASE_FEATURES[@]}" \
+        --bin kv --bin rpc-bench) || return 1
+    KV_BIN="$VM_REPO_DIR/target/release/kv"
+    BENCH_BIN="$VM_REPO_DIR/target/release/rpc-bench"
+    [[ -x "$KV_BIN" && -x "$BENCH_BIN" ]]
+}
+
+write_manifest() {
+    {
+        echo "# generated by rdma-suite.sh on the host"
+        printf 'TESTS=('
+        printf ' %q' "${TESTS[@]}"
+        printf ' )\n'
+        printf 'KV_BIN=%q\nBENCH_BIN=%q\n' "$KV_BIN" "$BENCH_BIN"
+    } >"$SUITE_DIR/manifest.sh"
+}
+
+# Deletes all but the newest $KEEP_SUITES suite directories.
+prune_old_suites() {
+    find "$RPC_VM_CACHE/out" -maxdepth 1 -name 'rdma-suite-*' -type d -printf '%T@ %p\n' | sort -rn |
+        tail -n +$((KEEP_SUITES + 1)) | cut -d' ' -f2- | xargs -r rm -rf
+}
+
+# Boots the VM once for the in-VM part; sets VM_STATUS. Both outputs are also kept in the suite dir.
+run_vm() {
+    step "VM: ${DEVICES[*]} (timeout $VM_TIMEOUT s)"
+    VM_STATUS=0
+    "$VM_SCRIPTS_DIR/run.sh" --timeout "$VM_TIMEOUT" --rw "$SUITE_DIR" -- \
+        "$VM_SCRIPTS_DIR/rdma-suite.sh" --in-vm "$SUITE_DIR" \
+        > >(tee "$SUITE_DIR/vm-stdout.log") 2> >(tee "$SUITE_DIR/vm-stderr.log" >&2) || VM_STATUS=$?
+    wait # for the tee processes
+    local run_dir
+    run_dir="$(sed -n 's/^\[run\.sh\] total .*(run dir \(.*\))$/\1/p' "$SUITE_DIR/vm-stderr.log" | tail -n 1)"
+    [[ -n "$run_dir" && -f "$run_dir/console.log" ]] && cp "$run_dir/console.log" "$SUITE_DIR/console.log"
+    return 0
+}
+
+# The result line for DEV KIND NAME, or nothing.
+result_of() { awk -F'\t' -v d="$1" -v k="$2" -v n="$3" '$1 == d && $2 == k && $3 == n' "$SUITE_DIR/results.tsv" 2>/dev/null | tail -n 1; }
+
+# Column COL of CSV FILE where workload == W and size == S.
+csv_field() {
+    awk -F, -v col="$2" -v w="$3" -v s="$4" '
+        NR == 1 { for (i = 1; i <= NF; i++) idx[$i] = i; next }
+        $idx["workload"] == w && $idx["size"] == s { print $idx[col]; exit }' "$1" 2>/dev/null || true
+}
+
+# perftest field KEY from the PERFTEST line of DEV.
+perftest_field() {
+    { grep -ao "$2=[0-9.]*" "$SUITE_DIR/$1/perftest.log" 2>/dev/null || true; } | head -n 1 | cut -d= -f2
+}
+
+bench_table() {
+    local dev="$1" bench="$SUITE_DIR/$1/bench"
+    local p50 lat bw1 bw16 w s gbps mibps ref
+    p50="$(csv_field "$bench/echo.csv" p50_us echo 32)"
+    lat="$(perftest_field "$dev" send_lat_typical_us)"
+    bw1="$(perftest_field "$dev" read_bw_1MiB_MBps)"
+    bw16="$(perftest_field "$dev" read_bw_16MiB_MBps)"
+    echo "  bench (rpc-bench, release, 1 conn x 1 outstanding, ${BENCH_SECS} s/point) vs perftest, same boot:"
+    printf '    %-18s %12s   %-36s %s\n' point ours perftest ratio
+    if [[ -n "$p50" ]]; then
+        ref="$(awk -v l="$lat" 'BEGIN { if (l > 0) printf "%.2f", 2 * l }')"
+        printf '    %-18s %9.1f us   %-36s %s\n' "echo 32 B p50 RTT" "$p50" \
+            "2 x ib_send_lat t_typical ${ref:-?} us" \
+            "$(awk -v a="$p50" -v b="$ref" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "?" }')"
+    else
+        printf '    %-18s %12s\n' "echo 32 B p50 RTT" "missing"
+    fi
+    for w in download upload; do
+        for s in 1048576 16777216; do
+            gbps="$(csv_field "$bench/$w.csv" gb_per_sec "$w" "$s")"
+            ref="$bw1"
+            ((s == 16777216)) && ref="$bw16"
+            if [[ -z "$gbps" ]]; then
+                printf '    %-18s %12s\n' "$w $((s >> 20)) MiB" missing
+                continue
+            fi
+            mibps="$(awk -v g="$gbps" 'BEGIN { printf "%.1f", g * 1e9 / 1048576 }')"
+            printf '    %-18s %7s MiB/s   %-36s %s\n' "$w $((s >> 20)) MiB" "$mibps" \
+                "ib_read_bw $((s >> 20)) MiB ${ref:-?} MB/s" \
+                "$(awk -v a="$mibps" -v b="$ref" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "?" }')"
+        done
+    done
+}
+
+# Prints the summary; sets FAILURES to the number of failed, missing or empty steps.
+summarize() {
+    FAILURES=0
+    local dev entry name r status passed detail steps
+    echo
+    echo "==================== rdma suite summary ===================="
+    for dev in "${DEVICES[@]}"; do
+        echo "$dev:"
+        r="$(result_of "$dev" device "$dev")"
+        [[ -n "$r" ]] && { echo "  !!!!! $dev MISSING in the VM"; FAILURES=$((FAILURES + 1)); }
+        for entry in "${TESTS[@]}"; do
+            name="${entry%%|*}"
+            r="$(result_of "$dev" test "$name")"
+            if [[ -z "$r" ]]; then
+                printf '  %-14s NOT RUN\n' "$name"
+                FAILURES=$((FAILURES + 1))
+                continue
+            fi
+            IFS=$'\t' read -r _ _ _ status passed _ detail <<<"$r"
+            if ((status != 0)); then
+                printf '  %-14s FAILED (status %s): %s\n' "$name" "$status" "$detail"
+                FAILURES=$((FAILURES + 1))
+            elif ((passed == 0)); then
+                printf '  %-14s FAILED: ran 0 tests: %s\n' "$name" "$detail"
+                FAILURES=$((FAILURES + 1))
+            else
+                printf '  %-14s %s\n' "$name" "$detail"
+            fi
+        done
+        for steps in demo:kv-demo bench:echo bench:download bench:upload perftest:perftest; do
+            r="$(result_of "$dev" "${steps%%:*}" "${steps#*:}")"
+            status="$(cut -f4 <<<"$r")"
+            if [[ -z "$r" ]]; then
+                printf '  %-14s NOT RUN\n' "${steps#*:}"
+            elif ((status == 0)); then
+                printf '  %-14s ok\n' "${steps#*:}"
+                continue
+            else
+                printf '  %-14s FAILED (status %s)\n' "${steps#*:}" "$status"
+            fi
+            # perftest is the yardstick, not our code: its failure is shown but does not fail the suite.
+            if [[ "$steps" == perftest:* ]]; then
+                echo "  (perftest failure is reported, not counted)"
+            else
+                FAILURES=$((FAILURES + 1))
+            fi
+        done
+        bench_table "$dev"
+    done
+    if [[ -s "$SUITE_DIR/flaky.tsv" ]]; then
+        echo
+        echo "!!!!! FLAKY steps (failed once, then passed on the one retry; first-attempt logs kept):"
+        sed 's/^/  !!!!! /' "$SUITE_DIR/flaky.tsv"
+    fi
+}
+
+main_host() {
+    parse_args "$@"
+    local t0
+    t0="$(vm_now)"
+    DEADLINE=$(($(date +%s) + TOTAL_TIMEOUT))
+    ensure_vm_ready
+    command -v jq >/dev/null || no_vm "jq missing after setup.sh"
+    mkdir -p "$RPC_VM_CACHE/out"
+    prune_old_suites
+    SUITE_DIR="$(mktemp -d "$RPC_VM_CACHE/out/rdma-suite-$(date +%Y%m%d-%H%M%S)-XXXX")"
+    vm_log "logs: $SUITE_DIR"
+    build_tests || { vm_log "ERROR: building the rdma test binaries failed"; exit "$EXIT_FAILED"; }
+    build_release || { vm_log "ERROR: building kv / rpc-bench (release, rdma) failed"; exit "$EXIT_FAILED"; }
+    local t_built
+    t_built="$(vm_now)"
+    write_manifest
+    VM_TIMEOUT="$(remaining)"
+    if ((VM_TIMEOUT < 60)); then
+        vm_log "ERROR: --timeout $TOTAL_TIMEOUT s nearly spent before the VM started: FAILED"
+        exit "$EXIT_FAILED"
+    fi
+    run_vm
+    local t_vm
+    t_vm="$(vm_now)"
+
+    if [[ ! -f "$SUITE_DIR/vm.started" ]] && ((VM_STATUS == 125)); then
+        no_vm "the VM did not boot or could not set up RDMA (see $SUITE_DIR/vm-stderr.log)"
+    fi
+    summarize >"$SUITE_DIR/summary.txt" # not in a pipe: FAILURES must reach this shell
+    cat "$SUITE_DIR/summary.txt"
+    {
+        echo
+        echo "timings: setup+builds $(vm_elapsed "$t0" "$t_built") s, VM $(vm_elapsed "$t_built" "$t_vm") s," \
+            "total $(vm_elapsed "$t0" "$t_vm") s"
+        echo "logs: $SUITE_DIR  (per device: <dev>/*.log, bench CSVs, perftest raw outputs; console.log)"
+    } | tee -a "$SUITE_DIR/summary.txt"
+    if ((VM_STATUS == 124)); then
+        echo "!!!!! rdma suite: the VM TIMED OUT after $VM_TIMEOUT s: FAILED" | tee -a "$SUITE_DIR/summary.txt"
+        exit "$EXIT_FAILED"
+    fi
+    if ((VM_STATUS != 0 && VM_STATUS != 1)) || [[ ! -f "$SUITE_DIR/vm.done" ]]; then
+        echo "!!!!! rdma suite: the VM run ended abnormally (status $VM_STATUS): FAILED" |
+            tee -a "$SUITE_DIR/summary.txt"
+        exit "$EXIT_FAILED"
+    fi
+    if ((FAILURES > 0)); then
+        echo "rdma suite FAILED: $FAILURES failed or missing step(s)" | tee -a "$SUITE_DIR/summary.txt"
+        exit "$EXIT_FAILED"
+    fi
+    echo "rdma suite passed on ${DEVICES[*]}" | tee -a "$SUITE_DIR/summary.txt"
+}
+
+if [[ "${1:-}" == "--in-vm" ]]; then
+    in_vm "${2:?--in-vm needs the suite directory}"
+else
+    main_host "$@"
+fi
