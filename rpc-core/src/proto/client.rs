@@ -293,8 +293,7 @@ impl ClientProto {
         _wr_id: WrId,
         result: Result<(), String>,
     ) -> Result<(), ProtoError> {
-        self.link.on_send_complete();
-        result.map_err(ProtoError::SendFailed)
+        self.link.on_send_complete(result)
     }
 
     /// Abandons a call: the server is told (it aborts the handler and releases what it

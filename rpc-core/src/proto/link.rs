@@ -136,9 +136,10 @@ impl Link {
         !self.tx.is_empty() || self.sends_in_flight > 0
     }
 
-    /// A SEND completed (successfully or not).
-    pub fn on_send_complete(&mut self) {
+    /// A SEND completed. A failed SEND is fatal for the connection.
+    pub fn on_send_complete(&mut self, result: Result<(), String>) -> Result<(), ProtoError> {
         self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
+        result.map_err(ProtoError::SendFailed)
     }
 
     /// Moves frames whose credits are available into SEND operations.

@@ -284,8 +284,7 @@ impl ServerProto {
         _wr_id: WrId,
         result: Result<(), String>,
     ) -> Result<(), ProtoError> {
-        self.link.on_send_complete();
-        result.map_err(ProtoError::SendFailed)
+        self.link.on_send_complete(result)
     }
 
     /// The client finished READing our response: revoke the key, forget the call.
