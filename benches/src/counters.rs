@@ -23,7 +23,7 @@ pub struct Counters {
     pub frames_received: u64,
     /// Credit-only frames sent.
     pub credit_frames: u64,
-    /// Times a frame waited for credits.
+    /// Frames that had to wait for credits before they could be sent.
     pub credit_stalls: u64,
     /// READs issued.
     pub reads_issued: u64,

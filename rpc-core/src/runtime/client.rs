@@ -32,7 +32,7 @@ enum Command {
 struct Shared {
     commands: mpsc::UnboundedSender<Command>,
     next_call_id: AtomicU64,
-    in_flight: Arc<Semaphore>,
+    in_flight: Semaphore,
     default_deadline: Option<Duration>,
     peer: String,
 }
@@ -78,7 +78,7 @@ impl Client {
         let shared = Shared {
             commands,
             next_call_id: AtomicU64::new(1),
-            in_flight: Arc::new(Semaphore::new(config.proto.max_in_flight as usize)),
+            in_flight: Semaphore::new(config.proto.max_in_flight as usize),
             default_deadline: config.default_deadline,
             peer: info.peer,
         };

@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -158,8 +158,7 @@ impl Acceptor {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             shutdown: shutdown_signal(self.shutdown.clone()),
             draining: false,
-            board: self.board.clone(),
-            board_slot: self.board.slot(),
+            stats_slot: self.board.slot(),
         };
         connections.spawn(driver.instrument(span));
     }
@@ -180,8 +179,9 @@ struct ServerDriver {
     sleep: Pin<Box<Sleep>>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     draining: bool,
-    board: Arc<StatsBoard>,
-    board_slot: usize,
+    /// This connection's own slot of the server's board: publishing never contends with
+    /// other connections.
+    stats_slot: Arc<Mutex<ConnStats>>,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -265,7 +265,7 @@ impl ServerDriver {
             transport: self.conn.counters(),
             calls_in_flight: self.proto.calls_in_flight(),
         };
-        self.board.publish(self.board_slot, stats);
+        *self.stats_slot.lock().unwrap_or_else(|e| e.into_inner()) = stats;
     }
 
     fn stop(&mut self) {
@@ -313,29 +313,24 @@ impl Future for ServerDriver {
     }
 }
 
-/// The latest counters of each connection a server has had.
+/// The latest counters of each connection a server has had, one slot per connection.
 #[derive(Debug, Default)]
 struct StatsBoard {
-    slots: std::sync::Mutex<Vec<ConnStats>>,
+    slots: Mutex<Vec<Arc<Mutex<ConnStats>>>>,
 }
 
 impl StatsBoard {
-    fn slot(&self) -> usize {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.push(ConnStats::default());
-        slots.len() - 1
-    }
-
-    fn publish(&self, slot: usize, stats: ConnStats) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = slots.get_mut(slot) {
-            *s = stats;
-        }
+    fn slot(&self) -> Arc<Mutex<ConnStats>> {
+        let slot = Arc::new(Mutex::new(ConnStats::default()));
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot.clone());
+        slot
     }
 
     fn total(&self) -> ConnStats {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.iter().fold(ConnStats::default(), |acc, s| acc.sum(s))
+        slots
+            .iter()
+            .fold(ConnStats::default(), |acc, s| acc.sum(&s.lock().unwrap_or_else(|e| e.into_inner())))
     }
 }
 
