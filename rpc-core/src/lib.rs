@@ -39,7 +39,7 @@ pub use error::{CallError, ConnectError, RemoteError, ServiceError};
 pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode};
 pub use rpc_macros::service;
 pub use rpc_transport as transport;
-pub use runtime::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig};
+pub use runtime::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig, ServerResources};
 pub use service::{MethodDesc, Service};
 
 #[doc(hidden)]

@@ -22,5 +22,11 @@ pub(crate) fn peer_limits(conn: &dyn Connection) -> Result<PeerLimits, ConnectEr
     if info.peer_recv_depth < 2 {
         return Err(ConnectError::Handshake(format!("peer posted only {} receives", info.peer_recv_depth)));
     }
-    Ok(PeerLimits { recv_depth: info.peer_recv_depth, recv_size: info.peer_recv_size, hello })
+    Ok(PeerLimits {
+        recv_depth: info.peer_recv_depth,
+        recv_size: info.peer_recv_size,
+        hello,
+        max_reads_in_flight: info.max_reads_in_flight,
+        max_read_size: info.max_read_size,
+    })
 }
