@@ -5,8 +5,8 @@
 //! * the peer posted `recv_depth` receives before the connection existed: our initial credits;
 //! * every frame we send uses one credit; every frame we receive is re-posted by the driver
 //!   before it next polls us, and the frames we send report how many were re-posted;
-//! * a data frame (request, response, cancel, ping) needs two credits: the last one is kept for
-//!   a credit-only frame (or a pong), which is sent when at least `recv_depth / 2` re-posts are
+//! * a data frame (request, response, cancel, ping, pong) needs two credits: the last one is
+//!   kept for a credit-only frame, which is sent when at least `recv_depth / 2` re-posts are
 //!   unreported. Whoever receives the last frame in flight therefore always gets credits back.
 //!
 //! Enforcement: we count the receives we granted the peer (our `recv_depth`, plus every re-post
@@ -242,7 +242,9 @@ impl Link {
             // Whatever is still queued waits for credits: count each frame once.
             self.stats.credit_stalls += (self.tx.len() - self.stalled_counted) as u64;
             self.stalled_counted = self.tx.len();
-            if self.live.pong_due && self.peer_credits >= 1 {
+            // Pings and pongs are data frames: the last credit stays reserved for a credit
+            // frame, which always carries credits back (a pong might carry none).
+            if self.live.pong_due && self.peer_credits > 1 {
                 self.live.pong_due = false;
                 self.send(Header::new(Kind::Pong), &[]);
                 continue;
