@@ -137,6 +137,53 @@ over_all_transports! {
         tokio::time::timeout(Duration::from_secs(20), gone).await.expect("connection closed after the done timeout");
     }
 
+    async fn cancels_and_deadlines_mid_16_mib_responses_never_break_the_connection(kind: Kind) {
+        // Large responses abandoned at every stage (before, during and after the client's READ),
+        // both by dropping the call and by deadlines that fire on both sides at nearly the same
+        // moment, while other calls run on the same connection. A region revoked under a READ
+        // would fail that READ and (on verbs, and on tcp and mem which copy that rule) take the
+        // connection down with every call on it.
+        const BIG: u64 = 16 << 20;
+        let s = setup(kind).await;
+        let regions_before = s.server.stats().transport.regions_registered;
+        let delays_us = [0u64, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000];
+        let abandoned = delays_us.iter().enumerate().map(|(i, &us)| {
+            let c = s.client.clone();
+            async move {
+                if i % 2 == 0 {
+                    let call = c.fill(BIG, i as u8);
+                    let _ = tokio::time::timeout(Duration::from_micros(us), call).await;
+                } else {
+                    let c = c.with_options(CallOptions::new().deadline(Duration::from_micros(us.max(1))));
+                    match c.fill(BIG, i as u8).await {
+                        Ok(b) => assert_eq!(b.len() as u64, BIG),
+                        Err(e) => assert_eq!(e, CallError::DeadlineExceeded),
+                    }
+                }
+            }
+        });
+        let others = (0..12u8).map(|i| {
+            let c = s.client.clone();
+            async move {
+                let len = if i % 3 == 0 { BIG } else { 64 << 10 };
+                let got = c.fill(len, i).await.expect("a call beside the abandoned ones");
+                assert_eq!(got, pattern(len as usize, i), "call {i} got its own bytes");
+            }
+        });
+        tokio::join!(futures::future::join_all(abandoned), futures::future::join_all(others));
+        // Still the same, healthy connection.
+        assert_eq!(s.client.echo(Bytes::from_static(b"ok")).await.unwrap(), Bytes::from_static(b"ok"));
+        s.client.client().stats().await.expect("connection alive");
+        assert_eq!(s.server.stats().transport.reads_refused, 0, "no READ met a revoked key");
+        eventually("every server region revoked", || {
+            let t = s.server.stats().transport;
+            t.regions_registered == t.regions_revoked
+        })
+        .await;
+        assert!(s.server.stats().transport.regions_registered > regions_before);
+        assert_eq!(s.server.stats().proto.done_timeouts, 0);
+    }
+
     async fn peer_killed_mid_rendezvous_fails_every_pending_call(kind: Kind) {
         // A raw server that accepts, takes the requests, then dies without answering.
         let bind = kind.bind_addr().parse().unwrap();
