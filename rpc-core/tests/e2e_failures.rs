@@ -19,6 +19,7 @@ fn raw_params() -> ConnParams {
         recv_depth: proto.recv_depth,
         recv_size: proto.recv_size(),
         private_data: proto.hello().encode().into(),
+        ..ConnParams::default()
     }
 }
 

@@ -62,7 +62,7 @@ fn refused(rkey: u32) -> Result<Vec<u8>, ReadError> {
 }
 
 fn params(recv_depth: u32, recv_size: u32) -> ConnParams {
-    ConnParams { recv_depth, recv_size, private_data: Bytes::new() }
+    ConnParams { recv_depth, recv_size, ..ConnParams::default() }
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -262,10 +262,18 @@ async fn message_size_limit() {
 
 /// As on mem/tcp, except `max_reads_in_flight` (negotiated with the device) and `peer`.
 async fn connection_info() {
-    let client_params =
-        ConnParams { recv_depth: 3, recv_size: 300, private_data: Bytes::from_static(b"from client") };
-    let server_params =
-        ConnParams { recv_depth: 5, recv_size: 500, private_data: Bytes::from_static(b"from server") };
+    let client_params = ConnParams {
+        recv_depth: 3,
+        recv_size: 300,
+        private_data: Bytes::from_static(b"from client"),
+        ..ConnParams::default()
+    };
+    let server_params = ConnParams {
+        recv_depth: 5,
+        recv_size: 500,
+        private_data: Bytes::from_static(b"from server"),
+        ..ConnParams::default()
+    };
     let (client, server) = pair(client_params, server_params).await;
     let (ci, si) = (client.info(), server.info());
     assert_eq!(&ci.peer_private_data[..], b"from server");
