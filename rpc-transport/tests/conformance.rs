@@ -216,7 +216,8 @@ async fn read_with_wrong_key(b: Backend) {
 }
 
 async fn read_out_of_bounds(b: Backend) {
-    let cases: [(&str, fn(RegionDesc) -> RegionDesc); 3] = [
+    type Bad = fn(RegionDesc) -> RegionDesc;
+    let cases: [(&str, Bad); 3] = [
         ("below", |r: RegionDesc| RegionDesc { addr: r.addr - 1, len: 4, ..r }),
         ("past the end", |r: RegionDesc| RegionDesc { addr: r.addr + 1, len: 64, ..r }),
         ("addr + len overflows", |r: RegionDesc| RegionDesc { addr: u64::MAX - 2, len: 8, ..r }),
