@@ -12,6 +12,7 @@ pub(crate) fn conn_params(proto: &ProtoConfig) -> ConnParams {
         recv_depth: proto.recv_depth,
         recv_size: proto.recv_size(),
         private_data: Bytes::from(proto.hello().encode()),
+        ..ConnParams::default()
     }
 }
 
