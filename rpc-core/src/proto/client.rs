@@ -147,7 +147,8 @@ impl ClientProto {
         if len > self.peer_max_message {
             return Err(StartError::TooLarge { len, max: self.peer_max_message });
         }
-        let deadline = timeout.map(|t| now + t);
+        // A timeout too far away to be a point in time (`Duration::MAX`) is no deadline.
+        let deadline = timeout.and_then(|t| now.checked_add(t));
         if let Some(at) = deadline {
             self.deadlines.push(at, call_id);
         }
