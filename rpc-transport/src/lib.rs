@@ -48,6 +48,9 @@ use bytes::Bytes;
 
 mod address;
 mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod mem;
 #[cfg(feature = "rdma")]
 pub mod rdma;

@@ -148,6 +148,7 @@ impl ClientProto {
             return Err(StartError::TooLarge { len, max: self.peer_max_message });
         }
         self.link.now = self.link.now.max(now);
+        // A timeout too far away to be a point in time (`Duration::MAX`) is no deadline.
         let deadline = timeout.and_then(|t| now.checked_add(t));
         if let Some(at) = deadline {
             self.deadlines.push(at, call_id);

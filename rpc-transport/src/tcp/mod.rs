@@ -20,6 +20,8 @@
 //! mis-sized READ response, truncated frame) fails the connection with
 //! [`TransportError::Malformed`]: pending operations are flushed and the socket is closed.
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzzing;
 mod handshake;
 mod listener;
 mod reader;
