@@ -63,6 +63,11 @@ pub struct ServerConfig {
     /// Deadline applied to requests that carry none, so that no call holds a handler slot
     /// forever. Default 60 s; `None` turns it off.
     pub default_deadline: Option<Duration>,
+    /// How long a connecting peer has to complete setup (its hello). Default 5 s. A peer that
+    /// connects and stays silent holds one socket (tcp) or one queue pair (rdma) that long.
+    pub handshake_timeout: Duration,
+    /// Connections being set up at once; further ones wait in the kernel's backlog. Default 64.
+    pub max_pending_handshakes: usize,
     /// How long a graceful shutdown waits for calls in progress before aborting them. Default 30 s.
     pub shutdown_timeout: Duration,
 }
@@ -76,6 +81,8 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_rendezvous_bytes: 1 << 30,
             default_deadline: Some(Duration::from_secs(60)),
+            handshake_timeout: Duration::from_secs(5),
+            max_pending_handshakes: 64,
             shutdown_timeout: Duration::from_secs(30),
         }
     }
@@ -110,6 +117,16 @@ impl ServerConfig {
     /// Sets [`ServerConfig::default_deadline`].
     pub fn default_deadline(mut self, d: Option<Duration>) -> Self {
         self.default_deadline = d;
+        self
+    }
+    /// Sets [`ServerConfig::handshake_timeout`].
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = d;
+        self
+    }
+    /// Sets [`ServerConfig::max_pending_handshakes`] (at least 1).
+    pub fn max_pending_handshakes(mut self, n: usize) -> Self {
+        self.max_pending_handshakes = n.max(1);
         self
     }
     /// Sets [`ServerConfig::shutdown_timeout`].

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use rpc_transport::{ConnParams, Connection};
 
+use super::config::ServerConfig;
 use crate::error::ConnectError;
 use crate::proto::{Hello, PeerLimits, ProtoConfig};
 
@@ -13,6 +14,15 @@ pub(crate) fn conn_params(proto: &ProtoConfig) -> ConnParams {
         recv_size: proto.recv_size(),
         private_data: Bytes::from(proto.hello().encode()),
         ..ConnParams::default()
+    }
+}
+
+/// Transport parameters of a server's listener.
+pub(crate) fn listen_params(config: &ServerConfig) -> ConnParams {
+    ConnParams {
+        handshake_timeout: config.handshake_timeout,
+        max_pending_handshakes: config.max_pending_handshakes,
+        ..conn_params(&config.proto)
     }
 }
 

@@ -50,7 +50,7 @@ impl Server {
         service: S,
     ) -> Result<Server, ConnectError> {
         let addr: Address = addr.parse()?;
-        let listener = rpc_transport::listen(&addr, handshake::conn_params(&config.proto)).await?;
+        let listener = rpc_transport::listen(&addr, handshake::listen_params(&config)).await?;
         Ok(Server::serve(listener, config, service))
     }
 

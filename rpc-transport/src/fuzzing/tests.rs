@@ -17,16 +17,19 @@ fn reader_harness_delivers_sends_serves_reads_and_fills_ours() {
     assert_eq!(reads.iter().map(|r| r.1).collect::<Vec<_>>(), [3, 5]);
     let mut stream = send(b"hello");
     stream.extend(TcpFrame::ReadReq { id: 7, addr: region.addr + 2, len: 4, rkey: region.rkey }.encode());
-    stream.extend(TcpFrame::ReadReq { id: 8, addr: region.addr, len: 4, rkey: region.rkey ^ 1 }.encode());
     stream.extend(TcpFrame::ReadResp { id: reads[0].0, status: TCP_STATUS_OK, len: 3 }.encode());
     stream.extend_from_slice(b"abc");
+    // A READ with a wrong key is refused and, as on verbs, closes the connection: what follows
+    // is never read, and our second READ is flushed.
+    stream.extend(TcpFrame::ReadReq { id: 8, addr: region.addr, len: 4, rkey: region.rkey ^ 1 }.encode());
+    stream.extend(send(b"never read"));
     let run = h.run(&stream);
-    assert_eq!(run.malformed, None, "clean end of stream");
+    assert_eq!(run.malformed, None, "closed, not malformed");
     assert_eq!(run.recvs, [5]);
     assert_eq!(run.responses, [(7, Ok(4)), (8, Err(1))], "served, then refused for the wrong key");
     assert_eq!(run.reads.len(), 2, "each READ of ours completes once: {:?}", run.reads);
     assert_eq!(run.reads[0], (1000, Ok(3)));
-    assert!(run.reads[1].0 == 1001 && run.reads[1].1.is_err(), "flushed at the end: {:?}", run.reads[1]);
+    assert!(run.reads[1].0 == 1001 && run.reads[1].1.is_err(), "flushed at the close: {:?}", run.reads[1]);
     assert_eq!((run.counters.reads_served, run.counters.reads_refused), (1, 1));
 }
 

@@ -162,7 +162,10 @@ impl TcpReaderHarness {
     /// Runs the reader over `stream` until it ends or the framing breaks, fails the endpoint
     /// with that reason (as the tcp backend does), and collects every completion.
     pub fn run(self, stream: &[u8]) -> TcpReaderRun {
-        let rt = tokio::runtime::Builder::new_current_thread().build().expect("current-thread runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("current-thread runtime");
         let (out, mut rx) = mpsc::unbounded_channel();
         let mut reader = Reader::new(self.soft.clone(), out, self.recv_size);
         let (death, responses) = rt.block_on(async move {
