@@ -17,7 +17,9 @@
 //! Backpressure: a server whose queue of frames waiting for credits reaches `max_queued_frames`
 //! stops reporting re-posts to its client (it withholds credits) until the queue drains, so a
 //! client that sends requests but never returns credits is held to a bounded number of frames.
-//! Only the server withholds: a client always returns credits, so two peers can never both wait.
+//! Withholding never leaves the client without a receive: when it has none left, it gets exactly
+//! one, enough for a credit frame (which returns ours) but not for a request. Only the server
+//! withholds and a client always returns credits, so the two ends can never both wait.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -255,9 +257,14 @@ impl Link {
                 self.send(Header::new(Kind::Ping), &[]);
                 continue;
             }
-            let must_return = !self.backlogged()
-                && self.credits_to_return >= self.credit_threshold
-                && self.peer_credits >= 1;
+            let must_return = self.peer_credits >= 1
+                && if self.backlogged() {
+                    // Withholding, but never below one receive: the peer must keep a credit to
+                    // return ours with, or both ends would wait for ever.
+                    self.granted == 0 && self.credits_to_return >= 1
+                } else {
+                    self.credits_to_return >= self.credit_threshold
+                };
             let may_report = !self.pending_dones.is_empty() && self.peer_credits > 1;
             if must_return || may_report {
                 self.stats.credit_frames += 1;
@@ -269,7 +276,15 @@ impl Link {
     }
 
     fn send(&mut self, mut header: Header, body: &[u8]) {
-        let credits = if self.backlogged() { 0 } else { self.credits_to_return.min(u32::from(u16::MAX)) };
+        let credits = if !self.backlogged() {
+            self.credits_to_return.min(u32::from(u16::MAX))
+        } else if self.granted == 0 {
+            // Backlogged: the peer gets one receive, enough to return credits (a credit frame)
+            // but not to send a request (a data frame needs two).
+            self.credits_to_return.min(1)
+        } else {
+            0
+        };
         self.credits_to_return -= credits;
         self.granted += credits;
         header.credits = credits as u16;

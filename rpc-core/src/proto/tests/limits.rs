@@ -193,3 +193,33 @@ fn the_server_wide_budget_is_shared_by_connections() {
     drop(b);
     assert_eq!(shared.held(), 0, "a connection that goes away gives back what it held");
 }
+
+#[test]
+fn a_backlogged_server_still_lets_a_well_behaved_client_return_credits() {
+    // Responses pile up faster than the client's 4 receives take them, far beyond the queue
+    // limit: the server withholds credits, yet must never leave the client unable to return
+    // its own (that would deadlock both ends until keepalive declared them dead).
+    for depth in [4, 5, 8] {
+        for limit in [1, 2, 3] {
+            let server_cfg = config(T, depth).max_queued_frames(limit);
+            let mut p = Pair::new(config(T, depth), server_cfg);
+            for id in 1..=200 {
+                p.call(id, payload(16, id as u8));
+            }
+            for _round in 0..10_000 {
+                p.pump();
+                let reqs = p.take_requests();
+                if reqs.is_empty() {
+                    break;
+                }
+                for (id, body, _) in reqs {
+                    p.server.respond(id, Ok(body));
+                }
+            }
+            let done = p.take_completions();
+            assert_eq!(done.len(), 200, "depth {depth}, queue limit {limit}: every call completes");
+            assert!(done.iter().all(|d| d.1.is_ok()));
+            assert_clean(&p);
+        }
+    }
+}
