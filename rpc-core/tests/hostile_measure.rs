@@ -14,7 +14,7 @@
 //! requests each followed by a cancel; `HOSTILE_B_GETS` (32) gets of a `HOSTILE_B_MIB` (64) value;
 //! `HOSTILE_C_REQUESTS` (60000) gets of an 8000-byte value; `HOSTILE_D_SOCKETS` (300) hello-less
 //! sockets; `HOSTILE_E_MIB` (64) for the silent peer. Windows (seconds) `HOSTILE_WINDOW_A`.. `_E`
-//! (35, 35, 5, 8, 15) are long enough to see the default timeouts of the fix fire (read and done
+//! (35, 35, 5, 8, 15; `HOSTILE_WINDOW_0` 5 for the attack-free row) are long enough to see the default timeouts of the fix fire (read and done
 //! timeouts 30 s, handshake 5 s, idle 10 s). `HOSTILE_ONLY=a,c` runs a subset.
 //!
 //! The value the attacker of (b) and (e) puts first is stored before the baseline is taken: it is
@@ -135,6 +135,28 @@ fn describe_close(at: Option<Duration>, reason: Option<String>) -> String {
             reason.unwrap_or_default()
         ),
         None => "still connected".into(),
+    }
+}
+
+/// (0) No attack: the legitimate client alone, to show the noise the other rows stand on.
+async fn attack_none() -> Row {
+    let win = window('0', 5);
+    let t = target().await;
+    let w = start_window().await;
+    let legit = Legit::start(t.legit_kv.clone(), "0", 64 * 1024);
+    tokio::time::sleep(win).await;
+    let (peak, held_end) = (w.peak_above(), w.held_above());
+    let legit = legit.finish().await;
+    let held_after = held_after_leaving(&w).await;
+    let outcome = format!("no attacker {}", server_note(&t));
+    drop(t);
+    Row {
+        attack: "(0) none: the legitimate client alone".into(),
+        peak,
+        held_end,
+        legit: legit.summary(),
+        outcome,
+        held_after,
     }
 }
 
@@ -461,6 +483,9 @@ async fn hostile_peers_table() {
     let _serial = counting_alloc::serial();
     counting_alloc::neutralize_buffer_cache();
     let mut rows = Vec::new();
+    if selected('0') {
+        rows.push(attack_none().await);
+    }
     if selected('a') {
         rows.push(attack_a().await);
     }

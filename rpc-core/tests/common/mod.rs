@@ -6,6 +6,7 @@ pub mod attacker;
 pub mod counting_alloc;
 pub mod kv;
 pub mod legit;
+pub mod mem_attacker;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
