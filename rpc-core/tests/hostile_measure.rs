@@ -194,7 +194,6 @@ async fn attack_a() -> Row {
         seen.responses.len(),
         describe_close(closed, seen.close_reason.clone()),
     );
-    drop(seen);
     drop(att);
     let held_after = held_after_leaving(&w).await;
     let outcome = format!("{outcome} {}", server_note(&t));
@@ -212,8 +211,7 @@ async fn attack_a() -> Row {
 /// A raw attacker whose reader serves one region: the encoded arguments of `put(key, value)`.
 async fn attacker_with_value(addr: SocketAddr, key: &str, size: usize, rkey: u32) -> (Attacker, RegionDesc) {
     let args = Arc::new(kv::put_args_filled(key, size, 0x5a));
-    let mut regions = Regions::default();
-    regions.ignore_unknown = true;
+    let mut regions = Regions::new(true);
     let desc = regions.add(rkey, 0x7000_0000, args);
     let hello = AttackerHello { recv_depth: 1024, ..AttackerHello::default() };
     let mut att = Attacker::connect(addr, &hello).await.expect("attacker connect");
@@ -269,7 +267,6 @@ async fn attack_b() -> Row {
         ids.len(),
         describe_close(closed, seen.close_reason.clone()),
     );
-    drop(seen);
     drop(att);
     let held_after = held_after_leaving(&w).await;
     let outcome = format!("{outcome} {}", server_note(&t));
@@ -457,7 +454,6 @@ async fn attack_e() -> Row {
         silent_at.as_secs_f64(),
         describe_close(closed, seen.close_reason.clone()),
     );
-    drop(seen);
     drop(att);
     let held_after = held_after_leaving(&w).await;
     let outcome = format!("{outcome} {}", server_note(&t));
@@ -480,7 +476,7 @@ async fn attack_e() -> Row {
 #[ignore = "measurement of issue 7's attacks (minutes, GiBs of reservations): run with --ignored --nocapture"]
 async fn hostile_peers_table() {
     counting_alloc::assert_installed();
-    let _serial = counting_alloc::serial();
+    let _serial = counting_alloc::serial().await;
     counting_alloc::neutralize_buffer_cache();
     let mut rows = Vec::new();
     if selected('0') {

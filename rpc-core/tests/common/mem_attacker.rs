@@ -43,6 +43,8 @@ pub struct MemAttacker {
 
 impl MemAttacker {
     /// Connects to `mem://name` announcing `recv_depth` receives of a default client's size.
+    // Field by field: the transport's `ConnParams` gains fields (with defaults) over time.
+    #[allow(clippy::field_reassign_with_default)]
     pub async fn connect(name: &str, recv_depth: u32) -> Result<MemAttacker, TransportError> {
         let proto = ProtoConfig::default();
         let hello: Hello = proto.hello();
