@@ -512,3 +512,33 @@ async fn hostile_peers_table() {
         );
     }
 }
+
+/// The raw attacker speaks the protocol: a rendezvous put it serves and an eager get come back
+/// right, as a real client's would; and its hand-written put encoding is the codec's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_attacker_speaks_the_protocol() {
+    let _serial = counting_alloc::serial().await;
+    counting_alloc::assert_installed();
+    counting_alloc::neutralize_buffer_cache();
+    let value = Bytes::from(vec![0x5a; 70_000]);
+    assert_eq!(&kv::put_args_filled("k", 70_000, 0x5a)[..], &kv::put_args("k", &value)[..]);
+    assert_eq!(kv::put_args_len("k", 70_000), kv::put_args("k", &value).len());
+
+    let t = target().await;
+    let (mut att, desc) = attacker_with_value(t.addr, "k", 70_000, 7).await;
+    let put = put_served(&mut att, desc).await;
+    assert!(put.starts_with("put answered"), "{put}");
+    assert_eq!(att.seen().reads_served, 1, "the server READ the advertised arguments");
+    let stored = t.legit_kv.get("k".into()).await.expect("get");
+    assert_eq!(stored, Some(value), "the value put by the raw attacker is stored intact");
+
+    t.legit_kv.put("small".into(), Bytes::from_static(b"abc")).await.expect("put");
+    let id = att.call_id();
+    assert_eq!(att.request(id, KvClient::GET, &kv::get_args("small"), WRITE_BOUND).await, SendOutcome::Sent);
+    let r = att.response(id, Duration::from_secs(10)).await.expect("answered");
+    assert_eq!(r.header.flags, 0, "an eager, successful response");
+    let got: Option<Bytes> = rpc_core::codec::decode(&r.body).expect("decode");
+    assert_eq!(got, Some(Bytes::from_static(b"abc")));
+    assert!(att.seen().credits_returned > 0 || att.credits_left() > 0, "credits are accounted");
+    assert_eq!(att.seen().closed_at, None, "a well-formed raw client is not disconnected");
+}
