@@ -45,18 +45,25 @@ struct Pair {
 }
 
 fn limits(cfg: &ProtoConfig) -> PeerLimits {
-    PeerLimits { recv_depth: cfg.recv_depth, recv_size: cfg.recv_size(), hello: cfg.hello() }
+    PeerLimits {
+        recv_depth: cfg.recv_depth,
+        recv_size: cfg.recv_size(),
+        hello: cfg.hello(),
+        max_reads_in_flight: 16,
+        max_read_size: 1 << 30,
+    }
 }
 
 impl Pair {
     fn new(threshold: usize) -> Pair {
         let cfg = ProtoConfig::default().eager_threshold(threshold);
+        let now = Instant::now();
         Pair {
-            client: ClientProto::new(&cfg, &limits(&cfg)),
-            server: ServerProto::new(&cfg, &limits(&cfg)),
+            client: ClientProto::new(&cfg, &limits(&cfg), now),
+            server: ServerProto::new(&cfg, &limits(&cfg), now),
             c: Regions::default(),
             s: Regions::default(),
-            now: Instant::now(),
+            now,
             next_id: 0,
         }
     }
@@ -98,7 +105,7 @@ impl Pair {
             moved = true;
             match op {
                 Op::Send { wr_id, frame } => {
-                    self.client.handle_recv(&frame).expect("client takes the frame");
+                    self.client.handle_recv(&frame, self.now).expect("client takes the frame");
                     self.server.handle_send_complete(wr_id, Ok(())).expect("send completes");
                 }
                 Op::Register { call_id, data } => {

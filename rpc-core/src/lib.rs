@@ -22,8 +22,10 @@
 //!
 //! # Cancel safety
 //! Dropping a call future before it completes cancels the call: a Cancel frame goes to the
-//! server (which aborts the handler and revokes whatever it advertised), and the request's
-//! region, if one was registered, is revoked. Buffers of operations in flight belong to the
+//! server, which aborts the handler. Regions are not revoked at that moment, since the peer may
+//! be READing them: each side revokes its region on the peer's done report (sent as soon as a
+//! READ in flight completes, at once if none was started), or when the connection dies, or after
+//! the done timeout (which closes the connection). Buffers of operations in flight belong to the
 //! connection's driver until their completions arrive, never to the dropped future.
 
 #![warn(missing_docs)]
@@ -39,7 +41,7 @@ pub use error::{CallError, ConnectError, RemoteError, ServiceError};
 pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode};
 pub use rpc_macros::service;
 pub use rpc_transport as transport;
-pub use runtime::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig};
+pub use runtime::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig, ServerResources};
 pub use service::{MethodDesc, Service};
 
 #[doc(hidden)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{eventually, pattern, setup, THRESHOLD};
 use rpc_core::proto::{decode_desc, Header, Kind as FrameKind, ProtoConfig, FLAG_RENDEZVOUS, HEADER_LEN};
-use rpc_core::transport::{self, Completion, ConnParams, Connection, ReadError};
+use rpc_core::transport::{self, Completion, ConnParams, Connection};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig};
 
 /// Connection parameters of a raw peer that speaks the protocol by hand.
@@ -19,7 +19,46 @@ fn raw_params() -> ConnParams {
         recv_depth: proto.recv_depth,
         recv_size: proto.recv_size(),
         private_data: proto.hello().encode().into(),
+        ..ConnParams::default()
     }
+}
+
+/// A client whose rendezvous request (call 1 of `THRESHOLD * 4` bytes) a raw server received
+/// without READing it, and whose call future was then dropped (the Cancel was received).
+async fn advertised_then_dropped(
+    kind: common::Kind,
+    proto: ProtoConfig,
+) -> (Client, Box<dyn Connection>, Header, rpc_core::transport::RegionDesc) {
+    let bind = kind.bind_addr().parse().unwrap();
+    let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
+    let addr = listener.local_addr().to_string();
+    // Connect and accept together: over rdma the handshake needs the accepting side (no backlog).
+    let config = ClientConfig::default().proto(proto);
+    let (client, conn) = tokio::join!(Client::connect(&addr, config), listener.accept());
+    let (client, mut conn) = (client.unwrap(), conn.unwrap());
+    let stub = common::EchoClient::new(client.clone());
+    let call = tokio::spawn(async move { stub.echo(pattern(THRESHOLD * 4, 5)).await });
+    let (header, body) = next_frame(conn.as_mut()).await;
+    assert_eq!(header.kind, FrameKind::Request);
+    assert_ne!(header.flags & FLAG_RENDEZVOUS, 0, "large request advertised");
+    let desc = decode_desc(&body).unwrap();
+    call.abort(); // the caller gives up: its future is dropped
+    let (cancel, _) = next_frame(conn.as_mut()).await;
+    assert_eq!((cancel.kind, cancel.call_id), (FrameKind::Cancel, header.call_id));
+    (client, conn, header, desc)
+}
+
+/// The encoded arguments of `echo(pattern(len, seed))`: what the request region holds.
+fn pattern_encoded(len: usize, seed: u8) -> Vec<u8> {
+    rpc_core::codec::encode(&(pattern(len, seed),)).unwrap().to_vec()
+}
+
+/// A header-only frame as a raw peer sends it.
+fn frame(mut h: Header) -> Bytes {
+    h.body_len = 0;
+    let mut out = [0u8; HEADER_LEN];
+    h.encode(&mut out);
+    Bytes::copy_from_slice(&out)
 }
 
 /// Waits for the next completion of a raw connection.
@@ -60,50 +99,89 @@ over_all_transports! {
         eventually("the handler was aborted", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
     }
 
-    async fn dropping_a_call_mid_rendezvous_revokes_its_region(kind: Kind) {
-        // A raw server that takes the advertisement but does not READ until the call is dropped.
-        let bind = kind.bind_addr().parse().unwrap();
-        let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
-        let addr = listener.local_addr().to_string();
-        // Connect and accept together: over rdma the handshake needs the accepting side (no backlog).
-        let config = ClientConfig::default().proto(common::proto());
-        let (client, conn) = tokio::join!(Client::connect(&addr, config), listener.accept());
-        let (client, mut conn) = (client.unwrap(), conn.unwrap());
-        let stub = common::EchoClient::new(client.clone());
-        let call = tokio::spawn(async move { stub.echo(pattern(THRESHOLD * 4, 5)).await });
-        let (header, body) = next_frame(conn.as_mut()).await;
-        assert_eq!(header.kind, FrameKind::Request);
-        assert_ne!(header.flags & FLAG_RENDEZVOUS, 0, "large request advertised");
-        let desc = decode_desc(&body).unwrap();
-        call.abort(); // the caller gives up: its future is dropped
-        let (cancel, _) = next_frame(conn.as_mut()).await;
-        assert_eq!((cancel.kind, cancel.call_id), (FrameKind::Cancel, header.call_id));
-        // Checked before the READ: on verbs a READ with a revoked key is a fatal RC error (remote
-        // access error) that takes the client's connection down too, so its stats are gone after.
-        let revoked = async {
-            while client.stats().await.unwrap().transport.regions_revoked != 1 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(10), revoked).await.expect("region revoked on cancel");
+    async fn dropping_a_call_mid_rendezvous_keeps_its_region_until_the_peer_is_done(kind: Kind) {
+        // A raw server that takes the advertisement, sees the cancel, and only then READs: the
+        // region must still be there (on verbs a READ with a revoked key breaks the connection).
+        let (client, mut conn, header, desc) = advertised_then_dropped(kind, common::proto()).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(client.stats().await.unwrap().transport.regions_revoked, 0, "not revoked on cancel");
         conn.post_read(1, desc, vec![0; desc.len as usize]).unwrap();
         let read = loop {
             if let Completion::Read { result, .. } = next_completion(conn.as_mut()).await.unwrap() {
                 break result;
             }
         };
-        match kind {
-            // Software transports check the key and say so.
-            common::Kind::Mem | common::Kind::Tcp => {
-                assert_eq!(read, Err(ReadError::InvalidKey(desc.rkey)), "READ with the old key refused")
+        assert_eq!(read.expect("the READ after the cancel succeeds"), pattern_encoded(THRESHOLD * 4, 5));
+        // Report the READ done: now the client revokes.
+        let mut done = Header::new(FrameKind::Credit);
+        done.done = header.call_id;
+        conn.post_send(1, frame(done)).unwrap();
+        let revoked = async {
+            while client.stats().await.unwrap().transport.regions_revoked != 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            // On verbs the NIC refuses it: rxe reports the bad key, siw's initiator sees its QP
-            // flushed after the responder's TERMINATE. Either way no byte was read.
-            common::Kind::Rdma => assert!(
-                matches!(read, Err(ReadError::InvalidKey(_) | ReadError::Flushed)),
-                "READ with the old key refused: {read:?}"
-            ),
-        }
+        };
+        tokio::time::timeout(Duration::from_secs(10), revoked).await.expect("region revoked after the done report");
+        // The connection is intact.
+        assert!(client.stats().await.is_ok());
+    }
+
+    async fn a_peer_that_never_reports_done_is_disconnected_after_the_done_timeout(kind: Kind) {
+        let proto = common::proto().done_timeout(Duration::from_millis(300));
+        let (client, _conn, _, _) = advertised_then_dropped(kind, proto).await;
+        let gone = async {
+            while client.stats().await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), gone).await.expect("connection closed after the done timeout");
+    }
+
+    async fn cancels_and_deadlines_mid_16_mib_responses_never_break_the_connection(kind: Kind) {
+        // Large responses abandoned at every stage (before, during and after the client's READ),
+        // both by dropping the call and by deadlines that fire on both sides at nearly the same
+        // moment, while other calls run on the same connection. A region revoked under a READ
+        // would fail that READ and (on verbs, and on tcp and mem which copy that rule) take the
+        // connection down with every call on it.
+        const BIG: u64 = 16 << 20;
+        let s = setup(kind).await;
+        let regions_before = s.server.stats().transport.regions_registered;
+        let delays_us = [0u64, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000];
+        let abandoned = delays_us.iter().enumerate().map(|(i, &us)| {
+            let c = s.client.clone();
+            async move {
+                if i % 2 == 0 {
+                    let call = c.fill(BIG, i as u8);
+                    let _ = tokio::time::timeout(Duration::from_micros(us), call).await;
+                } else {
+                    let c = c.with_options(CallOptions::new().deadline(Duration::from_micros(us.max(1))));
+                    match c.fill(BIG, i as u8).await {
+                        Ok(b) => assert_eq!(b.len() as u64, BIG),
+                        Err(e) => assert_eq!(e, CallError::DeadlineExceeded),
+                    }
+                }
+            }
+        });
+        let others = (0..12u8).map(|i| {
+            let c = s.client.clone();
+            async move {
+                let len = if i % 3 == 0 { BIG } else { 64 << 10 };
+                let got = c.fill(len, i).await.expect("a call beside the abandoned ones");
+                assert_eq!(got, pattern(len as usize, i), "call {i} got its own bytes");
+            }
+        });
+        tokio::join!(futures::future::join_all(abandoned), futures::future::join_all(others));
+        // Still the same, healthy connection.
+        assert_eq!(s.client.echo(Bytes::from_static(b"ok")).await.unwrap(), Bytes::from_static(b"ok"));
+        s.client.client().stats().await.expect("connection alive");
+        assert_eq!(s.server.stats().transport.reads_refused, 0, "no READ met a revoked key");
+        eventually("every server region revoked", || {
+            let t = s.server.stats().transport;
+            t.regions_registered == t.regions_revoked
+        })
+        .await;
+        assert!(s.server.stats().transport.regions_registered > regions_before);
+        assert_eq!(s.server.stats().proto.done_timeouts, 0);
     }
 
     async fn peer_killed_mid_rendezvous_fails_every_pending_call(kind: Kind) {

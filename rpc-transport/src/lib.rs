@@ -48,6 +48,9 @@ use bytes::Bytes;
 
 mod address;
 mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod mem;
 #[cfg(feature = "rdma")]
 pub mod rdma;
@@ -87,6 +90,9 @@ impl fmt::Debug for RegionDesc {
 }
 
 /// Parameters of the queue-pair-like connection, fixed at setup time.
+///
+/// Build it with struct update syntax so that new fields keep their defaults:
+/// `ConnParams { recv_depth: 16, ..ConnParams::default() }`.
 #[derive(Debug, Clone)]
 pub struct ConnParams {
     /// How many receive buffers the transport posts before the peer can send. Default 64.
@@ -97,11 +103,39 @@ pub struct ConnParams {
     /// Opaque bytes given to the peer during connection setup (like rdma_cm private data);
     /// the protocol uses it for its hello. At most 256 bytes.
     pub private_data: Bytes,
+    /// Bound on connection setup (the peer's hello, and on `rdma` the whole rdma_cm exchange of
+    /// an accepted connection). Default 5 s. A peer that connects and stays silent holds, for at
+    /// most this long, one socket (tcp: its receive pool is allocated only after its hello is
+    /// read and valid) or one queue pair with its receive pool (rdma: the pool is posted before
+    /// the peer can send, as verbs requires).
+    pub handshake_timeout: std::time::Duration,
+    /// Listeners only: connections being set up at once. Default 64. Further incoming
+    /// connections wait in the kernel's backlog (tcp: not `accept()`ed; rdma: their connect
+    /// request waits) until a setup finishes, and count against the handshake timeout of the
+    /// peer. Cost: up to this many sockets (tcp) or queue pairs with `recv_depth * recv_size`
+    /// bytes of registered receives each (rdma), plus as many set-up connections waiting for
+    /// [`Listener::accept`].
+    pub max_pending_handshakes: usize,
+    /// tcp only: `SO_KEEPALIVE` on every stream (both sides), so that a peer that vanishes
+    /// without a FIN (host down, cable cut) is detected by the kernel. `Some(idle)`: the first
+    /// probe after `idle` without traffic, then one every `max(idle / 5, 1 s)`; after 3
+    /// unanswered probes the connection fails with `Disconnected`. Default `Some(10 s)`, i.e.
+    /// a dead peer is found within about 16 s of silence. Cost: a probe of ~60 bytes per idle
+    /// interval per idle connection. `None` leaves the socket's keepalive off. (Liveness of a
+    /// peer whose host is up but whose process hangs is the protocol's keepalive's job.)
+    pub tcp_keepalive: Option<std::time::Duration>,
 }
 
 impl Default for ConnParams {
     fn default() -> Self {
-        ConnParams { recv_depth: 64, recv_size: 8192 + 128, private_data: Bytes::new() }
+        ConnParams {
+            recv_depth: 64,
+            recv_size: 8192 + 128,
+            private_data: Bytes::new(),
+            handshake_timeout: std::time::Duration::from_secs(5),
+            max_pending_handshakes: 64,
+            tcp_keepalive: Some(std::time::Duration::from_secs(10)),
+        }
     }
 }
 

@@ -94,10 +94,18 @@ async fn message_size_limit(b: Backend) {
 }
 
 async fn connection_info(b: Backend) {
-    let client_params =
-        ConnParams { recv_depth: 3, recv_size: 300, private_data: Bytes::from_static(b"from client") };
-    let server_params =
-        ConnParams { recv_depth: 5, recv_size: 500, private_data: Bytes::from_static(b"from server") };
+    let client_params = ConnParams {
+        recv_depth: 3,
+        recv_size: 300,
+        private_data: Bytes::from_static(b"from client"),
+        ..ConnParams::default()
+    };
+    let server_params = ConnParams {
+        recv_depth: 5,
+        recv_size: 500,
+        private_data: Bytes::from_static(b"from server"),
+        ..ConnParams::default()
+    };
     let (client, server) = pair(b, client_params, server_params).await;
     let (ci, si) = (client.info(), server.info());
     assert_eq!(&ci.peer_private_data[..], b"from server");
@@ -164,34 +172,66 @@ async fn many_reads_in_flight(b: Backend) {
     }
 }
 
+/// A refused READ (as on verbs): the READ completes with `expected`, then both ends fail with
+/// `Disconnected`; any other operation in flight is flushed, and the server sent nothing more.
+async fn assert_refused_then_closed(
+    client: &mut dyn rpc_transport::Connection,
+    server: &mut dyn rpc_transport::Connection,
+    wr_id: u64,
+    expected: ReadError,
+) {
+    let (seen, err) = drain_to_error(client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    match &seen[..] {
+        [Completion::Read { wr_id: id, result: Err(e) }, rest @ ..] => {
+            assert_eq!((*id, e), (wr_id, &expected));
+            for c in rest {
+                assert!(
+                    matches!(
+                        c,
+                        Completion::Read { result: Err(ReadError::Flushed), .. }
+                            | Completion::Send { result: Err(TransportError::Disconnected(_)), .. }
+                    ),
+                    "after the refusal only flushes: {c:?}"
+                );
+            }
+        }
+        other => panic!("expected the refused READ first, got {other:?}"),
+    }
+    let (_, server_err) = drain_to_error(server).await;
+    assert!(matches!(server_err, TransportError::Disconnected(_)), "{server_err:?}");
+    assert!(client.post_read(wr_id + 1, RegionDesc { addr: 0, len: 0, rkey: 1 }, Vec::new()).is_err());
+}
+
 async fn read_with_wrong_key(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"private")).unwrap();
     let wrong = RegionDesc { rkey: region.rkey.wrapping_add(1), ..region };
     client.post_read(1, wrong, vec![0; 7]).unwrap();
-    assert_eq!(read_done(&mut *client).await, (1, Err(ReadError::InvalidKey(wrong.rkey))));
+    // Posted behind the bad READ (if the connection is not closed already): flushed, never served.
+    let _ = client.post_read(2, region, vec![0; 7]);
+    assert_refused_then_closed(&mut *client, &mut *server, 1, ReadError::InvalidKey(wrong.rkey)).await;
     assert_eq!(server.counters().reads_refused, 1);
     assert_eq!(server.counters().reads_served, 0);
-    // A refused READ does not break the connection.
-    client.post_read(2, region, vec![0; 7]).unwrap();
-    assert_eq!(read_done(&mut *client).await, (2, Ok(b"private".to_vec())));
 }
 
 async fn read_out_of_bounds(b: Backend) {
-    let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
-    let region = server.register(Bytes::from(pattern(64))).unwrap();
-    let cases = [
-        ("below", RegionDesc { addr: region.addr - 1, len: 4, ..region }),
-        ("past the end", RegionDesc { addr: region.addr + 1, len: 64, ..region }),
-        ("addr + len overflows", RegionDesc { addr: u64::MAX - 2, len: 8, ..region }),
+    type Bad = fn(RegionDesc) -> RegionDesc;
+    let cases: [(&str, Bad); 3] = [
+        ("below", |r: RegionDesc| RegionDesc { addr: r.addr - 1, len: 4, ..r }),
+        ("past the end", |r: RegionDesc| RegionDesc { addr: r.addr + 1, len: 64, ..r }),
+        ("addr + len overflows", |r: RegionDesc| RegionDesc { addr: u64::MAX - 2, len: 8, ..r }),
     ];
-    for (i, (what, desc)) in cases.iter().enumerate() {
-        client.post_read(i as u64, *desc, vec![0; desc.len as usize]).unwrap();
-        let (id, result) = read_done(&mut *client).await;
-        assert_eq!(id, i as u64);
-        assert_eq!(result, Err(ReadError::OutOfBounds { addr: desc.addr, len: desc.len }), "{what}");
+    for (what, bad) in cases {
+        eprintln!("case: {what}");
+        let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
+        let region = server.register(Bytes::from(pattern(64))).unwrap();
+        let desc = bad(region);
+        client.post_read(7, desc, vec![0; desc.len as usize]).unwrap();
+        let expected = ReadError::OutOfBounds { addr: desc.addr, len: desc.len };
+        assert_refused_then_closed(&mut *client, &mut *server, 7, expected).await;
+        assert_eq!(server.counters().reads_refused, 1, "{what}");
     }
-    assert_eq!(server.counters().reads_refused, 3);
 }
 
 async fn read_after_deregister(b: Backend) {
@@ -203,7 +243,7 @@ async fn read_after_deregister(b: Backend) {
     assert_eq!(server.counters().regions_revoked, 1);
     assert!(matches!(server.deregister(region.rkey), Err(TransportError::UnknownKey(k)) if k == region.rkey));
     client.post_read(2, region, vec![0; 11]).unwrap();
-    assert_eq!(read_done(&mut *client).await, (2, Err(ReadError::InvalidKey(region.rkey))));
+    assert_refused_then_closed(&mut *client, &mut *server, 2, ReadError::InvalidKey(region.rkey)).await;
     let s = server.counters();
     assert_eq!((s.regions_registered, s.regions_revoked, s.reads_served, s.reads_refused), (1, 1, 1, 1));
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::*;
 use futures::FutureExt;
 use rpc_transport::mem::{self, MemFabric};
-use rpc_transport::{Address, Completion, ConnParams, ReadError, TransportError};
+use rpc_transport::{Address, Completion, ConnParams, Connection, ReadError, TransportError};
 
 #[tokio::test]
 async fn names_are_exclusive_and_freed_on_drop() {
@@ -229,4 +229,88 @@ async fn plan_set_before_listening_applies_to_later_connections() {
     let _server = l.accept().await.unwrap();
     client.post_send(1, Bytes::from_static(b"x")).unwrap();
     assert!(matches!(send_done(&mut *client).await, (1, Err(TransportError::Injected(_)))));
+}
+
+/// Polls `conn` for `window`; `true` if no completion (and no error) showed up meanwhile.
+async fn stays_silent(conn: &mut dyn Connection, window: Duration) -> bool {
+    let mut out = Vec::new();
+    let polled =
+        tokio::time::timeout(window, futures::future::poll_fn(|cx| conn.poll_completions(cx, &mut out, 8)));
+    polled.await.is_err() && out.is_empty()
+}
+
+#[tokio::test]
+async fn black_hole_swallows_sends_and_reads_both_ways_without_death() {
+    let (mut client, mut server, fabric, name) = mem_pair(ConnParams::default(), ConnParams::default()).await;
+    let server_region = server.register(Bytes::from_static(b"server bytes")).unwrap();
+    let client_region = client.register(Bytes::from_static(b"client bytes")).unwrap();
+    fabric.faults(&name).black_hole();
+    client.post_send(1, Bytes::from_static(b"to server")).unwrap();
+    client.post_read(2, server_region, vec![0; 12]).unwrap();
+    server.post_send(3, Bytes::from_static(b"to client")).unwrap();
+    server.post_read(4, client_region, vec![0; 12]).unwrap();
+
+    assert!(stays_silent(&mut *client, Duration::from_millis(200)).await, "the client saw a completion");
+    assert!(stays_silent(&mut *server, Duration::from_millis(50)).await, "the server saw a completion");
+    for c in [client.counters(), server.counters()] {
+        assert_eq!(
+            (c.recvs, c.recv_unexpected, c.reads_served, c.reads_refused, c.bytes_read),
+            (0, 0, 0, 0, 0)
+        );
+    }
+
+    // Nothing died: the swallowed operations are flushed only when the connection is closed.
+    client.close();
+    let (seen, err) = drain_to_error(&mut *client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    assert!(
+        matches!(
+            &seen[..],
+            [
+                Completion::Send { wr_id: 1, result: Err(TransportError::Disconnected(_)) },
+                Completion::Read { wr_id: 2, result: Err(ReadError::Flushed) },
+            ]
+        ),
+        "{seen:?}"
+    );
+    let (seen, err) = drain_to_error(&mut *server).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    assert_eq!(seen.len(), 2, "the server's SEND and READ are flushed: {seen:?}");
+}
+
+#[tokio::test]
+async fn black_hole_can_be_turned_off_for_later_operations() {
+    let (mut client, mut server, fabric, name) = mem_pair(ConnParams::default(), ConnParams::default()).await;
+    let plan = fabric.faults(&name);
+    plan.black_hole();
+    client.post_send(1, Bytes::from_static(b"lost")).unwrap();
+    plan.set_black_hole(false);
+    send_ok(&mut *client, 2, b"delivered").await;
+    assert_eq!(recv(&mut *server).await, b"delivered", "the swallowed message never arrives");
+    assert!(stays_silent(&mut *server, Duration::from_millis(50)).await);
+    plan.black_hole();
+    plan.clear();
+    send_ok(&mut *client, 3, b"clear turns it off").await;
+    assert_eq!(recv(&mut *server).await, b"clear turns it off");
+}
+
+#[tokio::test]
+async fn accept_queue_is_bounded_by_max_pending_handshakes() {
+    let fabric = MemFabric::new();
+    let name = unique_name("pending");
+    let server_params = ConnParams { max_pending_handshakes: 1, ..ConnParams::default() };
+    let mut l = fabric.listen(&name, server_params).unwrap();
+    let impatient = ConnParams { handshake_timeout: Duration::from_millis(100), ..ConnParams::default() };
+    let _first = fabric.connect(&name, impatient.clone()).await.expect("room for one");
+    match fabric.connect(&name, impatient.clone()).await {
+        Err(TransportError::Handshake(why)) => assert!(why.contains("accepted nothing"), "{why}"),
+        other => panic!("expected a handshake timeout, got {other:?}"),
+    }
+    // A connect that waits gets in as soon as the listener accepts.
+    let patient = fabric.connect(&name, ConnParams::default());
+    let (second, accepted) = within("accept", async { tokio::join!(patient, l.accept()) }).await;
+    let (mut second, _first_server) = (second.expect("connect after an accept"), accepted.expect("accept"));
+    let mut second_server = within("accept", l.accept()).await.expect("second connection accepted");
+    send_ok(&mut *second, 1, b"queued").await;
+    assert_eq!(recv(&mut *second_server).await, b"queued");
 }

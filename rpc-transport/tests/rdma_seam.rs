@@ -62,7 +62,7 @@ fn refused(rkey: u32) -> Result<Vec<u8>, ReadError> {
 }
 
 fn params(recv_depth: u32, recv_size: u32) -> ConnParams {
-    ConnParams { recv_depth, recv_size, private_data: Bytes::new() }
+    ConnParams { recv_depth, recv_size, ..ConnParams::default() }
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -185,6 +185,9 @@ mod verbs {
         listen_on_any_address_and_port_zero,
         many_connections_one_listener,
         configuration_errors_are_typed,
+        sends_larger_than_our_own_receive_size,
+        silent_peer_does_not_block_the_listener,
+        setups_in_progress_are_bounded,
     );
 }
 
@@ -262,10 +265,18 @@ async fn message_size_limit() {
 
 /// As on mem/tcp, except `max_reads_in_flight` (negotiated with the device) and `peer`.
 async fn connection_info() {
-    let client_params =
-        ConnParams { recv_depth: 3, recv_size: 300, private_data: Bytes::from_static(b"from client") };
-    let server_params =
-        ConnParams { recv_depth: 5, recv_size: 500, private_data: Bytes::from_static(b"from server") };
+    let client_params = ConnParams {
+        recv_depth: 3,
+        recv_size: 300,
+        private_data: Bytes::from_static(b"from client"),
+        ..ConnParams::default()
+    };
+    let server_params = ConnParams {
+        recv_depth: 5,
+        recv_size: 500,
+        private_data: Bytes::from_static(b"from server"),
+        ..ConnParams::default()
+    };
     let (client, server) = pair(client_params, server_params).await;
     let (ci, si) = (client.info(), server.info());
     assert_eq!(&ci.peer_private_data[..], b"from server");
@@ -593,4 +604,92 @@ async fn configuration_errors_are_typed() {
         assert!(matches!(found, Some(rdma::RdmaError::GidNotFound { index: 999, .. })), "{err:?}");
         assert!(err.to_string().contains("I/O") || matches!(err, TransportError::Io(_)), "{err:?}");
     }
+}
+
+/// Our send slabs are as large as our own receive size (300 here), not the peer's (64 KiB):
+/// larger messages, up to the peer's receive size, go out from a buffer registered for each,
+/// one at a time, in order with the others.
+async fn sends_larger_than_our_own_receive_size() {
+    let (mut client, mut server) = pair(params(8, 300), params(16, 64 << 10)).await;
+    assert_eq!(client.info().peer_recv_size, 64 << 10);
+    let sizes = [64 << 10, 299, 40_000, 300, 301, 64 << 10, 0, 5000];
+    for (i, &len) in sizes.iter().enumerate() {
+        let mut msg = pattern(len);
+        if len >= 8 {
+            msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        client.post_send(i as u64, Bytes::from(msg)).unwrap();
+    }
+    for i in 0..sizes.len() as u64 {
+        let (id, result) = send_done(&mut *client).await;
+        assert_eq!(id, i, "send completions in posting order");
+        result.unwrap();
+    }
+    for (i, &len) in sizes.iter().enumerate() {
+        let got = recv(&mut *server).await;
+        assert_eq!(got.len(), len, "message {i}");
+        if len >= 8 {
+            assert_eq!(got[..8], (i as u64).to_le_bytes(), "message {i} out of order");
+            assert_eq!(got[8..], pattern(len)[8..], "message {i}");
+        }
+    }
+    match client.post_send(99, Bytes::from(pattern((64 << 10) + 1))) {
+        Err(TransportError::MessageTooLarge { .. }) => {}
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+}
+
+/// A peer that completes the rdma_cm exchange and never sends its hello.
+fn silent_peer(addr: SocketAddr) -> tokio::task::JoinHandle<Result<rdma::RdmaConnection, TransportError>> {
+    let mut cfg = RdmaConfig::from_env();
+    cfg.silent_after_connect = true;
+    cfg.setup_timeout = Duration::from_secs(50);
+    tokio::spawn(rdma::connect_with(addr, ConnParams::default(), cfg))
+}
+
+/// Setup of accepted connections runs concurrently: a silent peer holds its own setup slot until
+/// the handshake timeout, while other clients connect and are accepted meanwhile.
+async fn silent_peer_does_not_block_the_listener() {
+    let addr = next_addr();
+    let timeout = Duration::from_secs(15);
+    let server_params = ConnParams { handshake_timeout: timeout, ..ConnParams::default() };
+    let mut l = rdma::listen_with(addr, server_params, RdmaConfig::from_env()).expect("listen");
+    let silent = silent_peer(addr);
+    tokio::time::sleep(Duration::from_millis(500)).await; // its request reaches the listener first
+    for i in 0..2u64 {
+        let (c, s) = within("a good client while the silent one waits", async {
+            tokio::join!(rpc_transport::connect(&Address::Rdma(addr), ConnParams::default()), l.accept_rdma())
+        })
+        .await;
+        let (mut client, mut server) = (c.expect("connect"), s.expect("accept"));
+        send_ok(&mut *client, i, b"not blocked").await;
+        assert_eq!(recv(&mut server).await, b"not blocked");
+    }
+    assert!(!silent.is_finished(), "the silent peer was dropped before its handshake timeout");
+    // The listener gives up on it at the handshake timeout: its connect fails.
+    let result = within("the silent peer to be dropped", silent).await.expect("task");
+    assert!(result.is_err(), "a peer that never sent its hello was accepted");
+}
+
+/// With `max_pending_handshakes` = 1, a silent peer holds the only setup slot: the next client's
+/// connect request waits until the silent one is dropped at the handshake timeout.
+async fn setups_in_progress_are_bounded() {
+    let addr = next_addr();
+    let timeout = Duration::from_secs(8);
+    let server_params =
+        ConnParams { handshake_timeout: timeout, max_pending_handshakes: 1, ..ConnParams::default() };
+    let mut l = rdma::listen_with(addr, server_params, RdmaConfig::from_env()).expect("listen");
+    let start = std::time::Instant::now();
+    let silent = silent_peer(addr);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (c, s) = within("the waiting client", async {
+        tokio::join!(rpc_transport::connect(&Address::Rdma(addr), ConnParams::default()), l.accept_rdma())
+    })
+    .await;
+    let (mut client, mut server) = (c.expect("connect"), s.expect("accept"));
+    assert!(start.elapsed() >= timeout, "set up after {:?}: the bound was not applied", start.elapsed());
+    send_ok(&mut *client, 1, b"waited").await;
+    assert_eq!(recv(&mut server).await, b"waited");
+    let result = within("the silent peer to be dropped", silent).await.expect("task");
+    assert!(result.is_err(), "a peer that never sent its hello was accepted");
 }

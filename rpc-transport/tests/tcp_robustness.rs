@@ -92,14 +92,43 @@ async fn bad_hellos_are_dropped() {
 
 #[tokio::test]
 async fn silent_client_does_not_block_others_and_times_out() {
-    let (mut l, addr) = tcp_listener().await;
+    let params = ConnParams { handshake_timeout: Duration::from_secs(2), ..ConnParams::default() };
+    let mut l = tcp::listen("127.0.0.1:0".parse().unwrap(), params).await.expect("listen");
+    let Address::Tcp(addr) = l.local_addr() else { panic!("not a tcp address") };
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let start = Instant::now();
     assert_listener_serves_good_client(&mut l, addr).await;
-    assert!(start.elapsed() < Duration::from_secs(4), "the good client waited for the silent one");
-    // The silent client is dropped once the 5 s handshake timeout passes.
+    assert!(start.elapsed() < Duration::from_secs(2), "the good client waited for the silent one");
+    // The silent client is dropped once the handshake timeout passes.
     assert_closed_by_server(&mut silent).await;
-    assert!(start.elapsed() >= Duration::from_secs(4), "dropped after {:?}", start.elapsed());
+    assert!(start.elapsed() >= Duration::from_millis(1500), "dropped after {:?}", start.elapsed());
+}
+
+/// With `max_pending_handshakes` silent clients in setup, the next client is not even accepted:
+/// it waits in the kernel backlog until a handshake slot frees up (a silent client times out).
+#[tokio::test]
+async fn handshakes_in_progress_are_bounded() {
+    let timeout = Duration::from_secs(1);
+    let params =
+        ConnParams { handshake_timeout: timeout, max_pending_handshakes: 2, ..ConnParams::default() };
+    let mut l = tcp::listen("127.0.0.1:0".parse().unwrap(), params).await.expect("listen");
+    let Address::Tcp(addr) = l.local_addr() else { panic!("not a tcp address") };
+    let start = Instant::now();
+    let mut silent = [TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
+    // Let the listener take both into setup before the good client arrives.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_listener_serves_good_client(&mut l, addr).await;
+    let served_after = start.elapsed();
+    assert!(
+        served_after >= timeout - Duration::from_millis(100),
+        "served after {served_after:?}: not bounded"
+    );
+    for s in &mut silent {
+        // Both were dropped (by the timeout) before the good client got a slot: EOF is there now.
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(200), s.read(&mut byte)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "silent client still open: {read:?}");
+    }
 }
 
 /// A raw client that completed the handshake, and the server end the listener accepted for it.
@@ -167,6 +196,39 @@ async fn unsolicited_read_response_fails_the_connection() {
     frame.extend_from_slice(b"leak");
     raw.write_all(&frame).await.unwrap();
     assert_malformed_then_closed(raw, server).await;
+}
+
+/// A raw peer's READ with a wrong key: the refusal (status, no data) is the last frame the
+/// server sends; it then closes the connection, delivers nothing the peer sent after the bad
+/// READ, and its own end fails with `Disconnected`.
+#[tokio::test]
+async fn refused_read_closes_the_connection() {
+    let (mut l, addr) = tcp_listener().await;
+    let (mut raw, mut server) = raw_after_handshake(&mut l, addr).await;
+    let region = server.register(Bytes::from_static(b"guarded")).unwrap();
+    let mut frames = vec![2u8];
+    frames.extend_from_slice(&77u64.to_le_bytes());
+    frames.extend_from_slice(&region.addr.to_le_bytes());
+    frames.extend_from_slice(&region.len.to_le_bytes());
+    frames.extend_from_slice(&(region.rkey ^ 0x5a).to_le_bytes());
+    frames.push(1);
+    frames.extend_from_slice(&5u32.to_le_bytes());
+    frames.extend_from_slice(b"after");
+    raw.write_all(&frames).await.unwrap();
+
+    let mut answer = Vec::new();
+    within("the server to close", raw.read_to_end(&mut answer)).await.expect("EOF, not a reset");
+    let mut expected = vec![3u8];
+    expected.extend_from_slice(&77u64.to_le_bytes());
+    expected.push(1); // invalid key
+    expected.extend_from_slice(&0u64.to_le_bytes());
+    assert_eq!(answer, expected, "exactly one refusal, no data");
+
+    let (seen, err) = drain_to_error(&mut *server).await;
+    assert!(matches!(err, TransportError::Disconnected(ref why) if why.contains("refused")), "{err:?}");
+    assert!(seen.is_empty(), "the SEND after the bad READ was delivered: {seen:?}");
+    assert_eq!((server.counters().reads_refused, server.counters().recvs), (1, 0));
+    assert_listener_serves_good_client(&mut l, addr).await;
 }
 
 #[tokio::test]

@@ -4,13 +4,14 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{RKey, ReadError, RegionDesc, WrId};
+use rpc_transport::{ReadError, RegionDesc, WrId};
 
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
 use super::error::ProtoError;
 use super::header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN};
-use super::link::{Link, Op};
+use super::link::{Link, Op, Role};
+use super::rendezvous::AbandonedRead;
 use super::stats::ProtoStats;
 use super::wire::{decode_desc, encode_desc, WireError};
 use super::{CallInfo, MethodId, Path};
@@ -81,7 +82,7 @@ enum State {
     Registering,
     /// The request is queued or sent.
     AwaitingResponse,
-    /// READing the advertised response.
+    /// READing the advertised response (queued for budget, or in flight).
     ReadingResponse,
 }
 
@@ -91,7 +92,6 @@ struct Call {
     state: State,
     timeout: Option<Duration>,
     deadline: Option<Instant>,
-    request_region: Option<RKey>,
     info: CallInfo,
 }
 
@@ -112,10 +112,10 @@ impl std::fmt::Debug for ClientProto {
 }
 
 impl ClientProto {
-    /// A client end with our config and what setup told us of the server.
-    pub fn new(config: &ProtoConfig, peer: &PeerLimits) -> ClientProto {
+    /// A client end with our config and what setup told us of the server, set up at `now`.
+    pub fn new(config: &ProtoConfig, peer: &PeerLimits, now: Instant) -> ClientProto {
         ClientProto {
-            link: Link::new(config.recv_depth, config.eager_threshold, config.max_message_size, peer),
+            link: Link::new(Role::Client, config, peer, now),
             calls: HashMap::new(),
             deadlines: DeadlineQueue::default(),
             events: VecDeque::new(),
@@ -137,7 +137,7 @@ impl ClientProto {
         if call_id == 0 {
             return Err(StartError::ZeroId);
         }
-        if self.calls.contains_key(&call_id) {
+        if self.calls.contains_key(&call_id) || self.link.rdv.busy(call_id) {
             return Err(StartError::DuplicateId(call_id));
         }
         if self.calls.len() >= self.max_in_flight as usize {
@@ -147,18 +147,14 @@ impl ClientProto {
         if len > self.peer_max_message {
             return Err(StartError::TooLarge { len, max: self.peer_max_message });
         }
-        let deadline = timeout.map(|t| now + t);
+        self.link.now = self.link.now.max(now);
+        // A timeout too far away to be a point in time (`Duration::MAX`) is no deadline.
+        let deadline = timeout.and_then(|t| now.checked_add(t));
         if let Some(at) = deadline {
             self.deadlines.push(at, call_id);
         }
-        let mut call = Call {
-            method,
-            state: State::AwaitingResponse,
-            timeout,
-            deadline,
-            request_region: None,
-            info: CallInfo::default(),
-        };
+        let mut call =
+            Call { method, state: State::AwaitingResponse, timeout, deadline, info: CallInfo::default() };
         if payload.len() <= self.link.eager_limit {
             self.link.stats.eager_sent += 1;
             self.queue_request(call_id, method, timeout, 0, payload);
@@ -191,19 +187,20 @@ impl ClientProto {
     /// Reports the outcome of an [`Op::Register`].
     pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
         let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::Registering) else {
-            // Cancelled (or expired) while registering: revoke at once.
+            // Cancelled (or expired) while registering: the server never saw it; revoke at once.
             if let Ok(desc) = result {
-                self.revoke(desc.rkey);
+                self.link.revoke(desc.rkey);
             }
             return;
         };
         match result {
             Ok(desc) => {
                 call.state = State::AwaitingResponse;
-                call.request_region = Some(desc.rkey);
+                let (method, timeout) = (call.method, call.timeout);
                 self.link.stats.regions_registered += 1;
                 self.link.stats.rendezvous_sent += 1;
-                let (method, timeout) = (call.method, call.timeout);
+                let now = self.link.now;
+                self.link.rdv.advertise(call_id, &desc, now, &mut self.link.stats);
                 let body = Bytes::copy_from_slice(&encode_desc(&desc));
                 self.queue_request(call_id, method, timeout, FLAG_RENDEZVOUS, body);
             }
@@ -211,43 +208,40 @@ impl ClientProto {
         }
     }
 
-    /// Handles one received frame. An error is fatal: close the connection and call
-    /// [`ClientProto::fail_all`].
-    pub fn handle_recv(&mut self, frame: &[u8]) -> Result<(), ProtoError> {
+    /// Handles one received frame at time `now`. An error is fatal: close the connection and
+    /// call [`ClientProto::fail_all`].
+    pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
         let header = Header::decode(frame)?;
-        self.link.on_frame_received(&header)?;
+        self.link.on_frame_received(&header, now)?;
         if header.done != 0 {
-            self.on_done(header.done);
+            // The server finished READing our request payload: revoke its key.
+            self.link.on_done(header.done);
         }
         match header.kind {
             Kind::Response => self.on_response(&header, &frame[HEADER_LEN..]),
-            Kind::Credit => Ok(()),
+            Kind::Credit | Kind::Ping | Kind::Pong => Ok(()),
             other => Err(ProtoError::UnexpectedKind(other)),
-        }
-    }
-
-    /// The server finished READing our request payload: revoke its key.
-    fn on_done(&mut self, call_id: u64) {
-        if let Some(rkey) = self.calls.get_mut(&call_id).and_then(|c| c.request_region.take()) {
-            self.revoke(rkey);
         }
     }
 
     fn on_response(&mut self, header: &Header, body: &[u8]) -> Result<(), ProtoError> {
         let call_id = header.call_id;
+        let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
+        if rendezvous && header.flags & FLAG_ERROR != 0 {
+            return Err(ProtoError::UnknownFlags(header.flags));
+        }
         let Some(call) = self.calls.get_mut(&call_id) else {
-            // A response to a call we cancelled: the server learns of the cancel and releases
-            // whatever it advertised.
+            if rendezvous {
+                // A response to a call we abandoned: we will not READ it; the server may revoke.
+                decode_desc(body)?;
+                self.link.report_done(call_id);
+            }
             return Ok(());
         };
         if call.state != State::AwaitingResponse {
             return Err(ProtoError::UnexpectedKind(Kind::Response));
         }
-        let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
         if header.flags & FLAG_ERROR != 0 {
-            if rendezvous {
-                return Err(ProtoError::UnknownFlags(header.flags));
-            }
             self.complete(call_id, Err(CallFailure::Remote(WireError::decode(body))));
             return Ok(());
         }
@@ -258,32 +252,33 @@ impl ClientProto {
         }
         let desc = decode_desc(body)?;
         call.info.response = Path::Rendezvous;
-        if desc.len > self.link.max_message_size {
-            let max = self.link.max_message_size;
+        let max = self.link.max_message_size.min(self.link.max_read_size);
+        if desc.len > max {
             self.link.report_done(call_id);
             self.complete(call_id, Err(CallFailure::TooLarge { len: desc.len, max }));
             return Ok(());
         }
         call.state = State::ReadingResponse;
-        self.link.stats.reads_issued += 1;
-        self.link.push_op(Op::Read { wr_id: call_id, remote: desc });
+        self.link.rdv.queue_read(call_id, desc);
         Ok(())
     }
 
-    /// Reports the outcome of an [`Op::Read`].
+    /// Reports the outcome of an [`Op::Read`]. The peer is told the READ is done in any case,
+    /// so it may revoke its region.
     pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
-        let reading = self.calls.get(&wr_id).is_some_and(|c| c.state == State::ReadingResponse);
-        if !reading {
+        let Some(read) = self.link.rdv.read_complete(wr_id) else { return };
+        self.link.rdv.update_stats(&mut self.link.stats);
+        self.link.report_done(read.call_id);
+        if read.abandoned {
             return; // cancelled or expired meanwhile; the buffer is simply dropped now
         }
-        self.link.report_done(wr_id);
         match result {
             Ok(data) => {
                 self.link.stats.rendezvous_received += 1;
                 self.link.stats.bytes_read += data.len() as u64;
-                self.complete(wr_id, Ok(data));
+                self.complete(read.call_id, Ok(data));
             }
-            Err(e) => self.complete(wr_id, Err(CallFailure::ReadFailed(e))),
+            Err(e) => self.complete(read.call_id, Err(CallFailure::ReadFailed(e))),
         }
     }
 
@@ -296,8 +291,10 @@ impl ClientProto {
         self.link.on_send_complete(result)
     }
 
-    /// Abandons a call: the server is told (it aborts the handler and releases what it
-    /// advertised) and our request region, if any, is revoked. No event follows.
+    /// Abandons a call: the server is told (it aborts the handler, and reports done for our
+    /// request region once it is sure not to READ it). Nothing is revoked here: our region stays
+    /// until that report (or the done timeout), and a READ of the response already in flight
+    /// stays until its completion, after which we report done. No event follows.
     /// Returns whether the call was in progress.
     pub fn cancel(&mut self, call_id: u64) -> bool {
         let Some(call) = self.calls.remove(&call_id) else { return false };
@@ -312,13 +309,17 @@ impl ClientProto {
             h.call_id = call_id;
             self.link.queue(h, Bytes::new());
         }
-        if let Some(rkey) = call.request_region {
-            self.revoke(rkey);
+        if call.state == State::ReadingResponse
+            && self.link.rdv.abandon_read(call_id) == AbandonedRead::WasQueued
+        {
+            self.link.report_done(call_id);
         }
     }
 
-    /// Expires the calls whose deadline has passed.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    /// Expires the calls whose deadline has passed, and checks keepalive and the READ and
+    /// done timeouts. An error is fatal: close the connection and call
+    /// [`ClientProto::fail_all`].
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), ProtoError> {
         for (call_id, at) in self.deadlines.expired(now) {
             let live = self.calls.get(&call_id).is_some_and(|c| c.deadline == Some(at));
             if let (true, Some(call)) = (live, self.calls.remove(&call_id)) {
@@ -332,12 +333,14 @@ impl ClientProto {
                 });
             }
         }
+        self.link.check_timeouts(now)
     }
 
     /// When [`ClientProto::handle_timeout`] must next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         let calls = &self.calls;
-        self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)))
+        let call = self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)));
+        call.into_iter().chain(self.link.next_timeout()).min()
     }
 
     /// The connection is dead: every call in progress completes with `Disconnected`.
@@ -354,17 +357,9 @@ impl ClientProto {
 
     fn complete(&mut self, call_id: u64, result: Result<Bytes, CallFailure>) {
         if let Some(call) = self.calls.remove(&call_id) {
-            if let Some(rkey) = call.request_region {
-                self.revoke(rkey);
-            }
             self.link.stats.calls_completed += 1;
             self.events.push_back(ClientEvent::Completed { call_id, result, info: call.info });
         }
-    }
-
-    fn revoke(&mut self, rkey: RKey) {
-        self.link.stats.keys_revoked += 1;
-        self.link.push_op(Op::Deregister { rkey });
     }
 
     /// The next operation to post.
@@ -390,5 +385,10 @@ impl ClientProto {
     /// Credits left towards the server (for tests).
     pub fn peer_credits(&self) -> u32 {
         self.link.peer_credits()
+    }
+
+    /// Our regions the server has not yet reported READ (for tests and stats).
+    pub fn regions_advertised(&self) -> usize {
+        self.link.rdv.advertised()
     }
 }

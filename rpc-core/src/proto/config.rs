@@ -1,5 +1,7 @@
 //! Protocol configuration and the hello exchanged at connection setup.
 
+use std::time::Duration;
+
 use super::error::ProtoError;
 use super::header::HEADER_LEN;
 use super::wire::{DESC_LEN, MAX_ERROR_MESSAGE};
@@ -21,11 +23,45 @@ pub struct ProtoConfig {
     pub max_in_flight: u32,
     /// Largest payload (request or response) accepted from the peer. Default 1 GiB.
     pub max_message_size: u64,
+    /// Rendezvous bytes this connection may hold at once: READ destinations from the moment
+    /// their READ is issued until it completes, plus our regions advertised to the peer until it
+    /// reports them READ. Default 256 MiB. A READ that does not fit waits; one payload larger
+    /// than the budget proceeds alone when nothing else is held. This is the memory (pinned, on
+    /// verbs) one peer can make this side hold for rendezvous.
+    pub max_rendezvous_bytes: u64,
+    /// How long the peer has to READ a region we advertised and report it done. Default 30 s.
+    /// Then the region is revoked and the connection closed (a READ with a revoked key would
+    /// break a verbs connection anyway).
+    pub done_timeout: Duration,
+    /// How long a READ we issued may take. Default 30 s. Then the connection is closed (a
+    /// verbs READ cannot be called back without it).
+    pub read_timeout: Duration,
+    /// After this long without receiving anything, send a Ping. Default 2 s. Costs one 40-byte
+    /// frame per interval each way on an idle connection.
+    pub keepalive_interval: Duration,
+    /// After this long without receiving anything (not even a Pong), the peer is considered
+    /// dead: the connection is closed and its calls fail with `Disconnected`. Default 10 s.
+    pub idle_timeout: Duration,
+    /// Frames waiting for the peer's credits above which a server stops returning credits to
+    /// that client (backpressure). Default 256 frames, at most
+    /// `256 * (40 + eager_threshold)` bytes (2 MiB with the defaults) per connection.
+    pub max_queued_frames: u32,
 }
 
 impl Default for ProtoConfig {
     fn default() -> Self {
-        ProtoConfig { eager_threshold: 8192, recv_depth: 64, max_in_flight: 1024, max_message_size: 1 << 30 }
+        ProtoConfig {
+            eager_threshold: 8192,
+            recv_depth: 64,
+            max_in_flight: 1024,
+            max_message_size: 1 << 30,
+            max_rendezvous_bytes: 256 << 20,
+            done_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(10),
+            max_queued_frames: 256,
+        }
     }
 }
 
@@ -48,6 +84,36 @@ impl ProtoConfig {
     /// Sets [`ProtoConfig::max_message_size`].
     pub fn max_message_size(mut self, bytes: u64) -> Self {
         self.max_message_size = bytes;
+        self
+    }
+    /// Sets [`ProtoConfig::max_rendezvous_bytes`].
+    pub fn max_rendezvous_bytes(mut self, bytes: u64) -> Self {
+        self.max_rendezvous_bytes = bytes;
+        self
+    }
+    /// Sets [`ProtoConfig::done_timeout`].
+    pub fn done_timeout(mut self, d: Duration) -> Self {
+        self.done_timeout = d;
+        self
+    }
+    /// Sets [`ProtoConfig::read_timeout`].
+    pub fn read_timeout(mut self, d: Duration) -> Self {
+        self.read_timeout = d;
+        self
+    }
+    /// Sets [`ProtoConfig::keepalive_interval`] (at least 1 ms).
+    pub fn keepalive_interval(mut self, d: Duration) -> Self {
+        self.keepalive_interval = d.max(Duration::from_millis(1));
+        self
+    }
+    /// Sets [`ProtoConfig::idle_timeout`] (at least 1 ms).
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.idle_timeout = d.max(Duration::from_millis(1));
+        self
+    }
+    /// Sets [`ProtoConfig::max_queued_frames`] (at least 1).
+    pub fn max_queued_frames(mut self, frames: u32) -> Self {
+        self.max_queued_frames = frames.max(1);
         self
     }
     /// Size of each receive buffer: the largest frame this side accepts.
@@ -110,4 +176,8 @@ pub struct PeerLimits {
     pub recv_size: u32,
     /// The peer's hello.
     pub hello: Hello,
+    /// READs this side may have outstanding at once (the transport's negotiated READ depth).
+    pub max_reads_in_flight: u32,
+    /// Largest single READ the transport can issue.
+    pub max_read_size: u64,
 }

@@ -54,6 +54,31 @@ pub enum ProtoError {
     /// An eager frame larger than this side's receive buffers, or an invalid hello.
     #[error("handshake: {0}")]
     Handshake(String),
+    /// The peer sent a frame when it had no credit left (no receive was posted for it).
+    #[error("peer sent beyond the credits it was granted")]
+    CreditViolation,
+    /// The peer did not report its READ of our region done in time.
+    #[error("peer did not finish READing call {call_id}'s region within {timeout:?}")]
+    DoneTimeout {
+        /// The call whose region was advertised.
+        call_id: u64,
+        /// The configured `done_timeout`.
+        timeout: std::time::Duration,
+    },
+    /// A READ we issued did not complete in time.
+    #[error("READ for call {call_id} did not complete within {timeout:?}")]
+    ReadTimeout {
+        /// The call being READ.
+        call_id: u64,
+        /// The configured `read_timeout`.
+        timeout: std::time::Duration,
+    },
+    /// Nothing arrived from the peer for `idle_timeout`, keepalive pings included.
+    #[error("peer silent for {idle:?}")]
+    PeerSilent {
+        /// How long it has been silent.
+        idle: std::time::Duration,
+    },
     /// A SEND failed: the connection is no longer usable.
     #[error("send failed: {0}")]
     SendFailed(String),

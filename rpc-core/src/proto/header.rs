@@ -3,7 +3,7 @@
 //! ```text
 //!  0..2   magic       u16  0x5244 ("RD")
 //!  2      version     u8   1
-//!  3      kind        u8   Request=1 Response=2 Cancel=3 Credit=4
+//!  3      kind        u8   Request=1 Response=2 Cancel=3 Credit=4 Ping=5 Pong=6
 //!  4..6   flags       u16  RENDEZVOUS=1 (body is a region descriptor), ERROR=2 (body is a wire error)
 //!  6..8   credits     u16  receives the sender re-posted since its previous frame
 //!  8..16  call_id     u64  the client's call id (0 only in Credit frames)
@@ -34,6 +34,10 @@ pub enum Kind {
     Cancel = 3,
     /// Header only: returns credits and/or reports a finished READ.
     Credit = 4,
+    /// Header only: keepalive; the peer answers with a Pong.
+    Ping = 5,
+    /// Header only: the answer to a Ping (also returns credits).
+    Pong = 6,
 }
 
 impl Kind {
@@ -43,6 +47,8 @@ impl Kind {
             2 => Kind::Response,
             3 => Kind::Cancel,
             4 => Kind::Credit,
+            5 => Kind::Ping,
+            6 => Kind::Pong,
             other => return Err(ProtoError::UnknownKind(other)),
         })
     }
@@ -135,7 +141,7 @@ impl Header {
         if needs_call && self.call_id == 0 {
             return Err(ProtoError::ZeroCallId);
         }
-        let bodyless = matches!(self.kind, Kind::Cancel | Kind::Credit);
+        let bodyless = matches!(self.kind, Kind::Cancel | Kind::Credit | Kind::Ping | Kind::Pong);
         if bodyless && (body_len != 0 || self.flags != 0) {
             return Err(ProtoError::UnexpectedBody(self.kind));
         }

@@ -1,22 +1,36 @@
 //! What both roles share: credits, the queue of frames waiting for a credit, finished-READ
-//! reports, and the operations to post.
+//! reports, keepalive, rendezvous bookkeeping, and the operations to post.
 //!
 //! Credit rules (why a SEND never meets an empty receive queue, and why this cannot deadlock):
 //! * the peer posted `recv_depth` receives before the connection existed: our initial credits;
 //! * every frame we send uses one credit; every frame we receive is re-posted by the driver
 //!   before it next polls us, and the frames we send report how many were re-posted;
-//! * a data frame (request, response, cancel) needs two credits: the last one is kept for a
-//!   credit-only frame, which is sent when at least `recv_depth / 2` re-posts are unreported.
-//!   Whoever receives the last frame in flight therefore always gets credits back.
+//! * a data frame (request, response, cancel, ping, pong) needs two credits: the last one is
+//!   kept for a credit-only frame, which is sent when at least `recv_depth / 2` re-posts are
+//!   unreported. Whoever receives the last frame in flight therefore always gets credits back.
+//!
+//! Enforcement: we count the receives we granted the peer (our `recv_depth`, plus every re-post
+//! we reported). A frame that arrives when the peer has none left is a protocol violation
+//! ([`ProtoError::CreditViolation`]): the connection is closed, so a peer cannot make us buffer
+//! beyond the credits we granted.
+//!
+//! Backpressure: a server whose queue of frames waiting for credits reaches `max_queued_frames`
+//! stops reporting re-posts to its client (it withholds credits) until the queue drains, so a
+//! client that sends requests but never returns credits is held to a bounded number of frames.
+//! Only the server withholds: a client always returns credits, so two peers can never both wait.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use rpc_transport::{RKey, RegionDesc, WrId};
 
-use super::config::PeerLimits;
+use super::budget::Budget;
+use super::config::{PeerLimits, ProtoConfig};
 use super::error::ProtoError;
 use super::header::{Header, Kind, HEADER_LEN};
+use super::liveness::Liveness;
+use super::rendezvous::Rendezvous;
 use super::stats::ProtoStats;
 
 /// An operation the driver must post on the transport.
@@ -42,9 +56,10 @@ pub enum Op {
         rkey: RKey,
     },
     /// READ the peer's region into a fresh buffer of `remote.len` bytes; report with
-    /// `handle_read_complete(wr_id, ..)`.
+    /// `handle_read_complete(wr_id, ..)`. The buffer is allocated only now: READs wait for the
+    /// rendezvous budget and the connection's READ depth before they are asked for.
     Read {
-        /// Id for the completion (the call id).
+        /// Id for the completion.
         wr_id: WrId,
         /// The advertised region.
         remote: RegionDesc,
@@ -56,58 +71,97 @@ struct Outgoing {
     body: Bytes,
 }
 
+/// Which end of the connection this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Client,
+    Server,
+}
+
 pub(crate) struct Link {
     peer_credits: u32,
     peer_recv_depth: u32,
     credits_to_return: u32,
     credit_threshold: u32,
+    /// Receives the peer may still use: our `recv_depth` minus frames received plus re-posts
+    /// reported. A frame arriving at zero is a violation.
+    granted: u32,
     tx: VecDeque<Outgoing>,
     /// How many frames at the front of `tx` were already counted as stalled.
     stalled_counted: usize,
+    /// Withhold credits while `tx` holds this many frames (servers only; `usize::MAX` = never).
+    backlog_limit: usize,
     pending_dones: VecDeque<u64>,
     ops: VecDeque<Op>,
     next_send_wr: WrId,
     sends_in_flight: u64,
+    /// The latest time an input carried; deadlines of READs issued on inputs without a time
+    /// count from it.
+    pub now: Instant,
     /// Largest payload sent inline to this peer.
     pub eager_limit: usize,
     /// Largest payload we accept from the peer.
     pub max_message_size: u64,
+    /// Largest single READ the connection can issue.
+    pub max_read_size: u64,
+    pub live: Liveness,
+    pub rdv: Rendezvous,
     pub stats: ProtoStats,
 }
 
 impl Link {
-    pub fn new(
-        own_recv_depth: u32,
-        own_eager_threshold: usize,
-        own_max_message: u64,
-        peer: &PeerLimits,
-    ) -> Link {
+    pub fn new(role: Role, config: &ProtoConfig, peer: &PeerLimits, now: Instant) -> Link {
         let peer_frame_room = (peer.recv_size as usize).saturating_sub(HEADER_LEN);
+        let backlog_limit = match role {
+            Role::Server => config.max_queued_frames.max(1) as usize,
+            Role::Client => usize::MAX,
+        };
         Link {
             peer_credits: peer.recv_depth,
             peer_recv_depth: peer.recv_depth,
             credits_to_return: 0,
-            credit_threshold: (own_recv_depth / 2).max(1),
+            credit_threshold: (config.recv_depth / 2).max(1),
+            granted: config.recv_depth,
             tx: VecDeque::new(),
             stalled_counted: 0,
+            backlog_limit,
             pending_dones: VecDeque::new(),
             ops: VecDeque::new(),
             next_send_wr: 1,
             sends_in_flight: 0,
-            eager_limit: own_eager_threshold.min(peer_frame_room),
-            max_message_size: own_max_message,
+            now,
+            eager_limit: config.eager_threshold.min(peer_frame_room),
+            max_message_size: config.max_message_size,
+            max_read_size: peer.max_read_size,
+            live: Liveness::new(config.keepalive_interval, config.idle_timeout, now),
+            rdv: Rendezvous::new(
+                Budget::new(config.max_rendezvous_bytes),
+                peer.max_reads_in_flight,
+                config.read_timeout,
+                config.done_timeout,
+            ),
             stats: ProtoStats::default(),
         }
     }
 
-    /// Accounts for a received frame: its receive buffer is re-posted by the driver, and the
-    /// credits it carries are ours again.
-    pub fn on_frame_received(&mut self, header: &Header) -> Result<(), ProtoError> {
+    /// Accounts for a received frame: it must have had a credit; its receive buffer is
+    /// re-posted by the driver, and the credits it carries are ours again.
+    pub fn on_frame_received(&mut self, header: &Header, now: Instant) -> Result<(), ProtoError> {
+        if self.granted == 0 {
+            self.stats.credit_violations += 1;
+            return Err(ProtoError::CreditViolation);
+        }
+        self.granted -= 1;
+        self.now = self.now.max(now);
+        self.live.on_received(now);
         self.stats.frames_received += 1;
         self.credits_to_return += 1;
         self.peer_credits += u32::from(header.credits);
         if self.peer_credits > self.peer_recv_depth {
             return Err(ProtoError::CreditOverflow);
+        }
+        if header.kind == Kind::Ping {
+            self.live.pong_due = true;
         }
         Ok(())
     }
@@ -115,6 +169,7 @@ impl Link {
     /// Queues a frame; it goes out as soon as credits allow.
     pub fn queue(&mut self, header: Header, body: Bytes) {
         self.tx.push_back(Outgoing { header, body });
+        self.stats.queued_frames_peak = self.stats.queued_frames_peak.max(self.tx.len() as u64);
     }
 
     /// Reports, on the next frame out, that we finished READing the peer's region for `call_id`.
@@ -126,9 +181,38 @@ impl Link {
         self.ops.push_back(op);
     }
 
+    /// Revokes the key of one of our regions.
+    pub fn revoke(&mut self, rkey: RKey) {
+        self.stats.keys_revoked += 1;
+        self.ops.push_back(Op::Deregister { rkey });
+    }
+
+    /// The peer finished READing our region for `call_id`: revoke it.
+    pub fn on_done(&mut self, call_id: u64) {
+        if let Some(rkey) = self.rdv.done(call_id) {
+            self.revoke(rkey);
+        }
+        self.rdv.update_stats(&mut self.stats);
+    }
+
     pub fn poll_op(&mut self) -> Option<Op> {
-        self.flush();
+        if self.ops.is_empty() {
+            self.rdv.issue(self.now, &mut self.ops, &mut self.stats);
+            self.flush();
+        }
         self.ops.pop_front()
+    }
+
+    /// The next time keepalive, a READ or a done report must be checked.
+    pub fn next_timeout(&mut self) -> Option<Instant> {
+        self.live.next_timeout().into_iter().chain(self.rdv.next_timeout()).min()
+    }
+
+    /// Silence, an overdue READ or an overdue done report is fatal for the connection.
+    pub fn check_timeouts(&mut self, now: Instant) -> Result<(), ProtoError> {
+        self.now = self.now.max(now);
+        self.live.check(now)?;
+        self.rdv.check(now, &mut self.stats)
     }
 
     /// Frames waiting for credits, or SENDs posted whose completion has not come back.
@@ -140,6 +224,10 @@ impl Link {
     pub fn on_send_complete(&mut self, result: Result<(), String>) -> Result<(), ProtoError> {
         self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
         result.map_err(ProtoError::SendFailed)
+    }
+
+    fn backlogged(&self) -> bool {
+        self.tx.len() >= self.backlog_limit
     }
 
     /// Moves frames whose credits are available into SEND operations.
@@ -154,7 +242,22 @@ impl Link {
             // Whatever is still queued waits for credits: count each frame once.
             self.stats.credit_stalls += (self.tx.len() - self.stalled_counted) as u64;
             self.stalled_counted = self.tx.len();
-            let must_return = self.credits_to_return >= self.credit_threshold && self.peer_credits >= 1;
+            // Pings and pongs are data frames: the last credit stays reserved for a credit
+            // frame, which always carries credits back (a pong might carry none).
+            if self.live.pong_due && self.peer_credits > 1 {
+                self.live.pong_due = false;
+                self.send(Header::new(Kind::Pong), &[]);
+                continue;
+            }
+            if self.live.ping_due && self.peer_credits > 1 {
+                self.live.ping_due = false;
+                self.stats.pings_sent += 1;
+                self.send(Header::new(Kind::Ping), &[]);
+                continue;
+            }
+            let must_return = !self.backlogged()
+                && self.credits_to_return >= self.credit_threshold
+                && self.peer_credits >= 1;
             let may_report = !self.pending_dones.is_empty() && self.peer_credits > 1;
             if must_return || may_report {
                 self.stats.credit_frames += 1;
@@ -166,8 +269,9 @@ impl Link {
     }
 
     fn send(&mut self, mut header: Header, body: &[u8]) {
-        let credits = self.credits_to_return.min(u32::from(u16::MAX));
+        let credits = if self.backlogged() { 0 } else { self.credits_to_return.min(u32::from(u16::MAX)) };
         self.credits_to_return -= credits;
+        self.granted += credits;
         header.credits = credits as u16;
         header.done = self.pending_dones.pop_front().unwrap_or(0);
         header.body_len = body.len() as u32;

@@ -21,12 +21,15 @@
 //! field of its next frame, or a credit frame), and only then is the key revoked. Requests and
 //! responses both take that path.
 
+mod budget;
 mod client;
 mod config;
 mod deadlines;
 mod error;
 mod header;
 mod link;
+mod liveness;
+mod rendezvous;
 mod server;
 mod stats;
 mod wire;
@@ -34,6 +37,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+pub use budget::SharedBudget;
 pub use client::{CallFailure, ClientEvent, ClientProto, StartError};
 pub use config::{Hello, PeerLimits, ProtoConfig};
 pub use error::ProtoError;

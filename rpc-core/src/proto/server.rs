@@ -1,16 +1,19 @@
 //! The server end of a connection: receives requests, sends responses.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{RKey, ReadError, RegionDesc, WrId};
+use rpc_transport::{ReadError, RegionDesc, WrId};
 
+use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
 use super::error::ProtoError;
 use super::header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN};
-use super::link::{Link, Op};
+use super::link::{Link, Op, Role};
+use super::rendezvous::AbandonedRead;
 use super::stats::ProtoStats;
 use super::wire::{decode_desc, encode_desc, WireError, WireErrorCode};
 use super::{MethodId, Path};
@@ -51,14 +54,12 @@ pub enum ServerEvent {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// READing the advertised request payload.
+    /// READing the advertised request payload (queued for budget, or in flight).
     ReadingRequest,
-    /// The handler runs.
+    /// The handler runs (or waits for a handler slot).
     Running,
     /// Waiting for the response payload's registration.
     Registering,
-    /// The response was advertised; waiting for the client's READ-done report.
-    AwaitingDone,
 }
 
 #[derive(Debug)]
@@ -67,10 +68,12 @@ struct Call {
     state: State,
     timeout: Option<Duration>,
     deadline: Option<Instant>,
-    response_region: Option<RKey>,
 }
 
 /// The server end's state machine. See the [module docs](super) for the calling protocol.
+///
+/// A call leaves the table once its response is queued; an advertised response region stays
+/// (counted in the budget, bounded by the done timeout) until the client reports it READ.
 pub struct ServerProto {
     link: Link,
     calls: HashMap<u64, Call>,
@@ -78,6 +81,7 @@ pub struct ServerProto {
     events: VecDeque<ServerEvent>,
     max_in_flight: u32,
     peer_max_message: u64,
+    default_deadline: Option<Duration>,
     shutting_down: bool,
 }
 
@@ -88,25 +92,41 @@ impl std::fmt::Debug for ServerProto {
 }
 
 impl ServerProto {
-    /// A server end with our config and what setup told us of the client.
-    pub fn new(config: &ProtoConfig, peer: &PeerLimits) -> ServerProto {
+    /// A server end with our config and what setup told us of the client, set up at `now`.
+    pub fn new(config: &ProtoConfig, peer: &PeerLimits, now: Instant) -> ServerProto {
         ServerProto {
-            link: Link::new(config.recv_depth, config.eager_threshold, config.max_message_size, peer),
+            link: Link::new(Role::Server, config, peer, now),
             calls: HashMap::new(),
             deadlines: DeadlineQueue::default(),
             events: VecDeque::new(),
             max_in_flight: config.max_in_flight,
             peer_max_message: peer.hello.max_message_size,
+            default_deadline: None,
             shutting_down: false,
         }
+    }
+
+    /// Counts this connection's rendezvous bytes against `budget` too (shared by every
+    /// connection of a server).
+    pub fn with_shared_budget(mut self, budget: Arc<SharedBudget>) -> Self {
+        self.link.rdv.budget.set_shared(budget);
+        self
+    }
+
+    /// Applies `deadline` to requests that carry none (so that no call can hold a handler
+    /// forever).
+    pub fn with_default_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.default_deadline = deadline;
+        self
     }
 
     /// Handles one received frame at time `now`. An error is fatal: close the connection.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
         let header = Header::decode(frame)?;
-        self.link.on_frame_received(&header)?;
+        self.link.on_frame_received(&header, now)?;
         if header.done != 0 {
-            self.on_done(header.done);
+            // The client finished READing our response: revoke the key.
+            self.link.on_done(header.done);
         }
         match header.kind {
             Kind::Request => self.on_request(&header, &frame[HEADER_LEN..], now),
@@ -114,14 +134,14 @@ impl ServerProto {
                 self.on_cancel(header.call_id, CancelReason::Cancelled);
                 Ok(())
             }
-            Kind::Credit => Ok(()),
+            Kind::Credit | Kind::Ping | Kind::Pong => Ok(()),
             Kind::Response => Err(ProtoError::UnexpectedKind(Kind::Response)),
         }
     }
 
     fn on_request(&mut self, header: &Header, body: &[u8], now: Instant) -> Result<(), ProtoError> {
         let call_id = header.call_id;
-        if self.calls.contains_key(&call_id) {
+        if self.calls.contains_key(&call_id) || self.link.rdv.busy(call_id) {
             return Err(ProtoError::DuplicateCall(call_id));
         }
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
@@ -133,23 +153,19 @@ impl ServerProto {
             self.queue_error(call_id, &refusal);
             return Ok(());
         }
-        let timeout = (header.arg != 0).then(|| Duration::from_micros(header.arg));
+        let timeout = match header.arg {
+            0 => self.default_deadline,
+            micros => Some(Duration::from_micros(micros)),
+        };
         let deadline = timeout.and_then(|t| now.checked_add(t));
         if let Some(at) = deadline {
             self.deadlines.push(at, call_id);
         }
-        let mut call = Call {
-            method: header.method_id,
-            state: State::Running,
-            timeout,
-            deadline,
-            response_region: None,
-        };
+        let mut call = Call { method: header.method_id, state: State::Running, timeout, deadline };
         match desc {
             Some(remote) => {
                 call.state = State::ReadingRequest;
-                self.link.stats.reads_issued += 1;
-                self.link.push_op(Op::Read { wr_id: call_id, remote });
+                self.link.rdv.queue_read(call_id, remote);
             }
             None => {
                 self.link.stats.eager_received += 1;
@@ -175,31 +191,36 @@ impl ServerProto {
             let msg = format!("{} calls in progress on this connection", self.calls.len());
             return Some(WireError::new(WireErrorCode::Overloaded, msg));
         }
+        let max = self.link.max_message_size.min(self.link.max_read_size);
         match desc {
-            Some(d) if d.len > self.link.max_message_size => Some(WireError::new(
+            Some(d) if d.len > max => Some(WireError::new(
                 WireErrorCode::PayloadTooLarge,
-                format!(
-                    "request of {} bytes exceeds the server's limit of {}",
-                    d.len, self.link.max_message_size
-                ),
+                format!("request of {} bytes exceeds the server's limit of {max}", d.len),
             )),
             _ => None,
         }
     }
 
-    /// Reports the outcome of an [`Op::Read`] of a request payload.
+    /// Reports the outcome of an [`Op::Read`] of a request payload. The client is told the
+    /// READ is done in any case, so it may revoke its region.
     pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
-        let Some(call) = self.calls.get_mut(&wr_id).filter(|c| c.state == State::ReadingRequest) else {
+        let Some(read) = self.link.rdv.read_complete(wr_id) else { return };
+        self.link.rdv.update_stats(&mut self.link.stats);
+        let call_id = read.call_id;
+        self.link.report_done(call_id);
+        if read.abandoned {
             return; // cancelled or expired meanwhile
+        }
+        let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::ReadingRequest) else {
+            return;
         };
-        self.link.report_done(wr_id);
         match result {
             Ok(data) => {
                 call.state = State::Running;
                 self.link.stats.rendezvous_received += 1;
                 self.link.stats.bytes_read += data.len() as u64;
                 self.events.push_back(ServerEvent::Request {
-                    call_id: wr_id,
+                    call_id,
                     method: call.method,
                     payload: data,
                     timeout: call.timeout,
@@ -207,11 +228,28 @@ impl ServerProto {
                 });
             }
             Err(e) => {
-                self.calls.remove(&wr_id);
+                self.calls.remove(&call_id);
                 let err = WireError::new(WireErrorCode::ReadFailed, format!("reading the request: {e}"));
-                self.queue_error(wr_id, &err);
+                self.queue_error(call_id, &err);
             }
         }
+    }
+
+    /// Whether a new handler may start now: the rendezvous budget of this connection (and of
+    /// the server) is not spent. While it is, requests wait for their handler, so that a client
+    /// that never READs its responses cannot make the server produce more of them.
+    pub fn may_start_handler(&mut self) -> bool {
+        let room = self.link.rdv.budget.has_room();
+        if !room {
+            self.link.stats.budget_waits += 1;
+        }
+        room
+    }
+
+    /// The server-wide budget, when the last attempt (a READ, or [`Self::may_start_handler`])
+    /// failed on it: register the driver's waker there, then poll again.
+    pub fn blocked_on_shared_budget(&self) -> Option<Arc<SharedBudget>> {
+        self.link.rdv.budget.blocked_on().cloned()
     }
 
     /// Answers a call whose handler finished. Answers to calls that were cancelled or expired
@@ -255,23 +293,25 @@ impl ServerProto {
 
     /// Reports the outcome of an [`Op::Register`] of a response payload.
     pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
-        let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::Registering) else {
+        let registering = self.calls.get(&call_id).is_some_and(|c| c.state == State::Registering);
+        if !registering {
+            // Cancelled or expired while registering: the client never saw it; revoke at once.
             if let Ok(desc) = result {
-                self.revoke(desc.rkey);
+                self.link.revoke(desc.rkey);
             }
             return;
-        };
+        }
+        self.calls.remove(&call_id);
         match result {
             Ok(desc) => {
-                call.state = State::AwaitingDone;
-                call.response_region = Some(desc.rkey);
                 self.link.stats.regions_registered += 1;
                 self.link.stats.rendezvous_sent += 1;
                 self.link.stats.calls_completed += 1;
+                let now = self.link.now;
+                self.link.rdv.advertise(call_id, &desc, now, &mut self.link.stats);
                 self.queue_response(call_id, FLAG_RENDEZVOUS, Bytes::copy_from_slice(&encode_desc(&desc)));
             }
             Err(e) => {
-                self.calls.remove(&call_id);
                 let err = WireError::new(WireErrorCode::Handler, format!("registering the response: {e}"));
                 self.queue_error(call_id, &err);
             }
@@ -287,44 +327,43 @@ impl ServerProto {
         self.link.on_send_complete(result)
     }
 
-    /// The client finished READing our response: revoke the key, forget the call.
-    fn on_done(&mut self, call_id: u64) {
-        let awaiting = self.calls.get(&call_id).is_some_and(|c| c.state == State::AwaitingDone);
-        if awaiting {
-            if let Some(rkey) = self.calls.remove(&call_id).and_then(|c| c.response_region) {
-                self.revoke(rkey);
-            }
-        }
-    }
-
+    /// Abandons a call (the client cancelled it, or its deadline passed). A READ of its request
+    /// already in flight stays until its completion (then done is reported); one not yet issued
+    /// is dropped and done is reported at once. A response region already advertised is not
+    /// revoked: the client may be READing it; it goes with the client's done report.
     fn on_cancel(&mut self, call_id: u64, reason: CancelReason) {
         let Some(call) = self.calls.remove(&call_id) else { return };
         match reason {
             CancelReason::Cancelled => self.link.stats.cancels += 1,
             CancelReason::DeadlineExceeded => self.link.stats.deadlines_expired += 1,
         }
-        if let Some(rkey) = call.response_region {
-            self.revoke(rkey);
+        if call.state == State::ReadingRequest
+            && self.link.rdv.abandon_read(call_id) == AbandonedRead::WasQueued
+        {
+            self.link.report_done(call_id);
         }
         if matches!(call.state, State::ReadingRequest | State::Running) {
             self.events.push_back(ServerEvent::Cancel { call_id, reason });
         }
     }
 
-    /// Expires the calls whose deadline has passed: their handlers are cancelled, whatever they
-    /// advertised is revoked, and no response is sent (the client's deadline has passed too).
-    pub fn handle_timeout(&mut self, now: Instant) {
+    /// Expires the calls whose deadline has passed (their handlers are cancelled and no
+    /// response is sent: the client's deadline has passed too), and checks keepalive and the
+    /// READ and done timeouts. An error is fatal: close the connection.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), ProtoError> {
         for (call_id, at) in self.deadlines.expired(now) {
             if self.calls.get(&call_id).is_some_and(|c| c.deadline == Some(at)) {
                 self.on_cancel(call_id, CancelReason::DeadlineExceeded);
             }
         }
+        self.link.check_timeouts(now)
     }
 
     /// When [`ServerProto::handle_timeout`] must next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         let calls = &self.calls;
-        self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)))
+        let call = self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)));
+        call.into_iter().chain(self.link.next_timeout()).min()
     }
 
     /// Stops taking new calls (they are answered `ShuttingDown`); calls in progress go on.
@@ -332,10 +371,10 @@ impl ServerProto {
         self.shutting_down = true;
     }
 
-    /// No call in progress, nothing waiting to be sent, no SEND awaiting its completion: the
-    /// connection can be closed without losing a frame.
+    /// No call in progress, no region awaiting the client's READ, nothing waiting to be sent,
+    /// no SEND awaiting its completion: the connection can be closed without losing anything.
     pub fn is_idle(&self) -> bool {
-        self.calls.is_empty() && !self.link.has_unsent_frames()
+        self.calls.is_empty() && self.link.rdv.advertised() == 0 && !self.link.has_unsent_frames()
     }
 
     /// The connection is dead: forget every call (the runtime aborts their handlers).
@@ -354,11 +393,6 @@ impl ServerProto {
         self.queue_response(call_id, FLAG_ERROR, Bytes::from(err.encode()));
     }
 
-    fn revoke(&mut self, rkey: RKey) {
-        self.link.stats.keys_revoked += 1;
-        self.link.push_op(Op::Deregister { rkey });
-    }
-
     /// The next operation to post.
     pub fn poll_op(&mut self) -> Option<Op> {
         self.link.poll_op()
@@ -372,6 +406,11 @@ impl ServerProto {
     /// Calls in progress.
     pub fn calls_in_flight(&self) -> usize {
         self.calls.len()
+    }
+
+    /// Our response regions the client has not yet reported READ.
+    pub fn regions_advertised(&self) -> usize {
+        self.link.rdv.advertised()
     }
 
     /// Counters.

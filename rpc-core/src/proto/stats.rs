@@ -34,10 +34,26 @@ pub struct ProtoStats {
     pub deadlines_expired: u64,
     /// Calls completed (client: responses delivered; server: responses sent).
     pub calls_completed: u64,
+    /// Rendezvous bytes held now (READ destinations in flight, regions awaiting done).
+    pub rendezvous_bytes_held: u64,
+    /// The most rendezvous bytes held at once.
+    pub rendezvous_bytes_peak: u64,
+    /// Times a READ (or, on a server, a handler start) waited for the rendezvous budget.
+    pub budget_waits: u64,
+    /// The most frames ever waiting for credits at once.
+    pub queued_frames_peak: u64,
+    /// Keepalive pings sent.
+    pub pings_sent: u64,
+    /// Regions whose done report did not come in time (the connection was closed).
+    pub done_timeouts: u64,
+    /// READs that did not complete in time (the connection was closed).
+    pub read_timeouts: u64,
+    /// Frames the peer sent beyond its credits (the connection was closed).
+    pub credit_violations: u64,
 }
 
 impl ProtoStats {
-    /// Field-by-field sum, for totals over connections.
+    /// Field-by-field sum, for totals over connections (peaks: the largest).
     pub fn merged(&self, other: &ProtoStats) -> ProtoStats {
         let mut out = *self;
         out.frames_sent += other.frames_sent;
@@ -55,6 +71,14 @@ impl ProtoStats {
         out.cancels += other.cancels;
         out.deadlines_expired += other.deadlines_expired;
         out.calls_completed += other.calls_completed;
+        out.rendezvous_bytes_held += other.rendezvous_bytes_held;
+        out.rendezvous_bytes_peak = out.rendezvous_bytes_peak.max(other.rendezvous_bytes_peak);
+        out.budget_waits += other.budget_waits;
+        out.queued_frames_peak = out.queued_frames_peak.max(other.queued_frames_peak);
+        out.pings_sent += other.pings_sent;
+        out.done_timeouts += other.done_timeouts;
+        out.read_timeouts += other.read_timeouts;
+        out.credit_violations += other.credit_violations;
         out
     }
 }

@@ -66,7 +66,7 @@ impl Client {
         let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
         let (commands, rx) = mpsc::unbounded_channel();
         let driver = ClientDriver {
-            proto: ClientProto::new(&config.proto, &peer),
+            proto: ClientProto::new(&config.proto, &peer, driver::now()),
             conn,
             commands: rx,
             pending: HashMap::new(),
@@ -250,7 +250,7 @@ impl ClientDriver {
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
         let mut progressed = self.poll_commands(cx);
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep);
+        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
         driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
         self.deliver_events();
         Ok(progressed)

@@ -5,13 +5,21 @@ use std::time::Duration;
 use crate::proto::ProtoConfig;
 
 /// Client settings.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ClientConfig {
-    /// Protocol settings (eager threshold, receive depth, calls in flight, size limit).
+    /// Protocol settings (eager threshold, receive depth, calls in flight, size limit,
+    /// rendezvous budget, timeouts, keepalive).
     pub proto: ProtoConfig,
-    /// Deadline applied to calls whose [`CallOptions`] set none. Default: none.
+    /// Deadline applied to calls whose [`CallOptions`] set none. Default 30 s, so that no call
+    /// waits forever on a server that accepted it and never answers; `None` turns it off.
     pub default_deadline: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig { proto: ProtoConfig::default(), default_deadline: Some(Duration::from_secs(30)) }
+    }
 }
 
 impl ClientConfig {
@@ -25,6 +33,11 @@ impl ClientConfig {
         self.default_deadline = Some(d);
         self
     }
+    /// Calls without a deadline of their own wait for as long as the connection lives.
+    pub fn no_default_deadline(mut self) -> Self {
+        self.default_deadline = None;
+        self
+    }
 }
 
 /// Server settings.
@@ -33,8 +46,28 @@ impl ClientConfig {
 pub struct ServerConfig {
     /// Protocol settings of each accepted connection.
     pub proto: ProtoConfig,
-    /// Handlers running at once, over all connections; further requests wait. Default 1024.
+    /// Handlers running at once, over all connections; further requests wait (no task is
+    /// spawned for them), served in arrival order across connections. Default 1024.
     pub max_concurrent_handlers: usize,
+    /// Handlers one connection may run at once, so that one client cannot take every slot of
+    /// [`ServerConfig::max_concurrent_handlers`]; its further requests wait in order. Default 128.
+    pub max_handlers_per_connection: usize,
+    /// Connections open at once. Further connections are not accepted (they wait in the
+    /// transport's backlog) until one closes. Default 1024. Each costs its receive pool,
+    /// `recv_depth * (40 + eager_threshold)` bytes (520 KiB with the defaults).
+    pub max_connections: usize,
+    /// Rendezvous bytes all connections together may hold (READ destinations in flight and
+    /// response regions awaiting the client's READ). Default 1 GiB. Each connection is also held
+    /// to `proto.max_rendezvous_bytes`.
+    pub max_rendezvous_bytes: u64,
+    /// Deadline applied to requests that carry none, so that no call holds a handler slot
+    /// forever. Default 60 s; `None` turns it off.
+    pub default_deadline: Option<Duration>,
+    /// How long a connecting peer has to complete setup (its hello). Default 5 s. A peer that
+    /// connects and stays silent holds one socket (tcp) or one queue pair (rdma) that long.
+    pub handshake_timeout: Duration,
+    /// Connections being set up at once; further ones wait in the kernel's backlog. Default 64.
+    pub max_pending_handshakes: usize,
     /// How long a graceful shutdown waits for calls in progress before aborting them. Default 30 s.
     pub shutdown_timeout: Duration,
 }
@@ -44,6 +77,12 @@ impl Default for ServerConfig {
         ServerConfig {
             proto: ProtoConfig::default(),
             max_concurrent_handlers: 1024,
+            max_handlers_per_connection: 128,
+            max_connections: 1024,
+            max_rendezvous_bytes: 1 << 30,
+            default_deadline: Some(Duration::from_secs(60)),
+            handshake_timeout: Duration::from_secs(5),
+            max_pending_handshakes: 64,
             shutdown_timeout: Duration::from_secs(30),
         }
     }
@@ -58,6 +97,36 @@ impl ServerConfig {
     /// Sets [`ServerConfig::max_concurrent_handlers`] (at least 1).
     pub fn max_concurrent_handlers(mut self, n: usize) -> Self {
         self.max_concurrent_handlers = n.max(1);
+        self
+    }
+    /// Sets [`ServerConfig::max_handlers_per_connection`] (at least 1).
+    pub fn max_handlers_per_connection(mut self, n: usize) -> Self {
+        self.max_handlers_per_connection = n.max(1);
+        self
+    }
+    /// Sets [`ServerConfig::max_connections`] (at least 1).
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+    /// Sets [`ServerConfig::max_rendezvous_bytes`].
+    pub fn max_rendezvous_bytes(mut self, bytes: u64) -> Self {
+        self.max_rendezvous_bytes = bytes;
+        self
+    }
+    /// Sets [`ServerConfig::default_deadline`].
+    pub fn default_deadline(mut self, d: Option<Duration>) -> Self {
+        self.default_deadline = d;
+        self
+    }
+    /// Sets [`ServerConfig::handshake_timeout`].
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = d;
+        self
+    }
+    /// Sets [`ServerConfig::max_pending_handshakes`] (at least 1).
+    pub fn max_pending_handshakes(mut self, n: usize) -> Self {
+        self.max_pending_handshakes = n.max(1);
         self
     }
     /// Sets [`ServerConfig::shutdown_timeout`].

@@ -49,7 +49,7 @@ pub(crate) trait ProtoEnd {
     fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>);
     fn next_op(&mut self) -> Option<Op>;
     fn timeout(&mut self) -> Option<Instant>;
-    fn expire(&mut self, now: Instant);
+    fn expire(&mut self, now: Instant) -> Result<(), ProtoError>;
 }
 
 macro_rules! impl_proto_end {
@@ -74,14 +74,14 @@ macro_rules! impl_proto_end {
             fn timeout(&mut self) -> Option<Instant> {
                 self.poll_timeout()
             }
-            fn expire(&mut self, now: Instant) {
+            fn expire(&mut self, now: Instant) -> Result<(), ProtoError> {
                 self.handle_timeout(now)
             }
         }
     };
 }
 
-impl_proto_end!(ClientProto, |p, frame, _now| p.handle_recv(frame));
+impl_proto_end!(ClientProto, |p, frame, now| p.handle_recv(frame, now));
 impl_proto_end!(ServerProto, |p, frame, now| p.handle_recv(frame, now));
 
 /// Why a connection's driver stops.
@@ -95,6 +95,13 @@ impl std::fmt::Display for Fatal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Fatal::Transport(e) => write!(f, "{e}"),
+            Fatal::Protocol(
+                e @ (ProtoError::PeerSilent { .. }
+                | ProtoError::DoneTimeout { .. }
+                | ProtoError::ReadTimeout { .. }),
+            ) => {
+                write!(f, "{e}")
+            }
             Fatal::Protocol(e) => write!(f, "protocol violation by the peer: {e}"),
         }
     }
@@ -162,18 +169,20 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
     Ok(())
 }
 
-/// Runs expired deadlines and arms `sleep` for the next one. Returns whether anything expired.
+/// Runs expired timers (call deadlines, keepalive, READ and done timeouts) and arms `sleep`
+/// for the next one. Returns whether anything expired; a fatal timeout (a silent peer, an
+/// overdue READ or done report) is an error.
 pub(crate) fn drive_timers<P: ProtoEnd>(
     cx: &mut Context<'_>,
     proto: &mut P,
     sleep: &mut Pin<Box<Sleep>>,
-) -> bool {
+) -> Result<bool, Fatal> {
     let mut fired = false;
     loop {
-        let Some(at) = proto.timeout() else { return fired };
+        let Some(at) = proto.timeout() else { return Ok(fired) };
         let at = tokio::time::Instant::from_std(at);
         if at <= tokio::time::Instant::now() {
-            proto.expire(now());
+            proto.expire(now()).map_err(Fatal::Protocol)?;
             fired = true;
             continue;
         }
@@ -181,7 +190,7 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
             sleep.as_mut().reset(at);
         }
         if sleep.as_mut().poll(cx).is_pending() {
-            return fired;
+            return Ok(fired);
         }
     }
 }

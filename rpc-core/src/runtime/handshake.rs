@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use rpc_transport::{ConnParams, Connection};
 
+use super::config::ServerConfig;
 use crate::error::ConnectError;
 use crate::proto::{Hello, PeerLimits, ProtoConfig};
 
@@ -12,6 +13,16 @@ pub(crate) fn conn_params(proto: &ProtoConfig) -> ConnParams {
         recv_depth: proto.recv_depth,
         recv_size: proto.recv_size(),
         private_data: Bytes::from(proto.hello().encode()),
+        ..ConnParams::default()
+    }
+}
+
+/// Transport parameters of a server's listener.
+pub(crate) fn listen_params(config: &ServerConfig) -> ConnParams {
+    ConnParams {
+        handshake_timeout: config.handshake_timeout,
+        max_pending_handshakes: config.max_pending_handshakes,
+        ..conn_params(&config.proto)
     }
 }
 
@@ -22,5 +33,11 @@ pub(crate) fn peer_limits(conn: &dyn Connection) -> Result<PeerLimits, ConnectEr
     if info.peer_recv_depth < 2 {
         return Err(ConnectError::Handshake(format!("peer posted only {} receives", info.peer_recv_depth)));
     }
-    Ok(PeerLimits { recv_depth: info.peer_recv_depth, recv_size: info.peer_recv_size, hello })
+    Ok(PeerLimits {
+        recv_depth: info.peer_recv_depth,
+        recv_size: info.peer_recv_size,
+        hello,
+        max_reads_in_flight: info.max_reads_in_flight,
+        max_read_size: info.max_read_size,
+    })
 }

@@ -11,4 +11,4 @@ mod server;
 pub use client::Client;
 pub use config::{CallOptions, ClientConfig, ServerConfig};
 pub use driver::ConnStats;
-pub use server::Server;
+pub use server::{Server, ServerResources};

@@ -1,11 +1,12 @@
 //! The server: accepts connections, runs one driver task per connection, runs handlers
 //! concurrently (bounded), and shuts down gracefully.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::FutureExt;
 use rpc_transport::{Address, Completion, Connection, Listener};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Sleep;
 use tracing::Instrument;
@@ -22,7 +23,7 @@ use super::config::ServerConfig;
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
 use crate::error::ConnectError;
-use crate::proto::{MethodId, Path, ServerEvent, ServerProto, WireError, WireErrorCode};
+use crate::proto::{MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode};
 use crate::service::Service;
 
 /// A running server. Dropping it stops accepting and aborts its connections; call
@@ -30,6 +31,7 @@ use crate::service::Service;
 pub struct Server {
     local_addr: Address,
     board: Arc<StatsBoard>,
+    resources: Arc<Resources>,
     shutdown: watch::Sender<bool>,
     accept_task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -48,7 +50,7 @@ impl Server {
         service: S,
     ) -> Result<Server, ConnectError> {
         let addr: Address = addr.parse()?;
-        let listener = rpc_transport::listen(&addr, handshake::conn_params(&config.proto)).await?;
+        let listener = rpc_transport::listen(&addr, handshake::listen_params(&config)).await?;
         Ok(Server::serve(listener, config, service))
     }
 
@@ -59,16 +61,21 @@ impl Server {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let span = tracing::info_span!("server", service = service.name(), addr = %local_addr);
         let board = Arc::new(StatsBoard::default());
+        let resources = Arc::new(Resources {
+            budget: SharedBudget::new(config.max_rendezvous_bytes),
+            ..Resources::default()
+        });
         let acceptor = Acceptor {
             listener,
             board: board.clone(),
+            resources: resources.clone(),
             service: Arc::new(service),
             handler_slots: Arc::new(Semaphore::new(config.max_concurrent_handlers)),
             config,
             shutdown: shutdown_rx,
         };
         let accept_task = tokio::spawn(acceptor.run().instrument(span));
-        Server { local_addr, board, shutdown, accept_task: Some(accept_task) }
+        Server { local_addr, board, resources, shutdown, accept_task: Some(accept_task) }
     }
 
     /// The bound address (with the real port when bound to port 0).
@@ -79,6 +86,18 @@ impl Server {
     /// Counters of every connection this server has had (open and closed), summed.
     pub fn stats(&self) -> ConnStats {
         self.board.total()
+    }
+
+    /// What the server holds now against its limits.
+    pub fn resources(&self) -> ServerResources {
+        let r = &self.resources;
+        ServerResources {
+            open_connections: r.open_connections.load(Ordering::Relaxed),
+            handlers_running: r.handlers_running.load(Ordering::Relaxed),
+            requests_waiting: r.requests_waiting.load(Ordering::Relaxed) as usize,
+            rendezvous_bytes_held: r.budget.held(),
+            rendezvous_bytes_peak: r.budget.peak(),
+        }
     }
 
     /// Stops accepting, lets calls in progress finish (new calls on open connections are
@@ -100,9 +119,75 @@ impl Drop for Server {
     }
 }
 
+/// What a server holds now against its limits ([`Server::resources`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerResources {
+    /// Connections open (at most `max_connections`).
+    pub open_connections: usize,
+    /// Handler tasks running (at most `max_concurrent_handlers`).
+    pub handlers_running: usize,
+    /// Requests received and waiting for a handler slot or for rendezvous budget.
+    pub requests_waiting: usize,
+    /// Rendezvous bytes held over all connections (bounded by `max_rendezvous_bytes`, plus
+    /// one payload that proceeds alone).
+    pub rendezvous_bytes_held: u64,
+    /// The most rendezvous bytes held at once since the server started.
+    pub rendezvous_bytes_peak: u64,
+}
+
+/// The server-wide resources every connection draws on.
+#[derive(Debug)]
+struct Resources {
+    budget: Arc<SharedBudget>,
+    open_connections: AtomicUsize,
+    handlers_running: AtomicUsize,
+    requests_waiting: AtomicU64,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            budget: SharedBudget::new(u64::MAX),
+            open_connections: AtomicUsize::new(0),
+            handlers_running: AtomicUsize::new(0),
+            requests_waiting: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Counts one open connection while it lives.
+struct OpenConnection(Arc<Resources>);
+
+impl OpenConnection {
+    fn new(resources: Arc<Resources>) -> Self {
+        resources.open_connections.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(resources)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A running handler's server-wide slot; given back when the task ends or is aborted.
+struct HandlerSlot {
+    _permit: OwnedSemaphorePermit,
+    resources: Arc<Resources>,
+}
+
+impl Drop for HandlerSlot {
+    fn drop(&mut self) {
+        self.resources.handlers_running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Acceptor {
     listener: Box<dyn Listener>,
     board: Arc<StatsBoard>,
+    resources: Arc<Resources>,
     service: Arc<dyn Service>,
     handler_slots: Arc<Semaphore>,
     config: ServerConfig,
@@ -115,7 +200,9 @@ impl Acceptor {
         loop {
             tokio::select! {
                 _ = self.shutdown.changed() => break,
-                accepted = self.listener.accept() => match accepted {
+                // At the connection limit nothing is accepted: new peers wait in the
+                // transport's backlog until a connection closes.
+                accepted = self.listener.accept(), if connections.len() < self.config.max_connections => match accepted {
                     Ok(conn) => self.start_connection(conn, &mut connections),
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -146,11 +233,19 @@ impl Acceptor {
             }
         };
         let (results_tx, results) = mpsc::unbounded_channel();
+        let proto = ServerProto::new(&self.config.proto, &peer, driver::now())
+            .with_shared_budget(self.resources.budget.clone())
+            .with_default_deadline(self.config.default_deadline);
         let driver = ServerDriver {
-            proto: ServerProto::new(&self.config.proto, &peer),
+            proto,
             conn,
             service: self.service.clone(),
             handler_slots: self.handler_slots.clone(),
+            slot_wait: None,
+            max_handlers: self.config.max_handlers_per_connection,
+            waiting: VecDeque::new(),
+            resources: self.resources.clone(),
+            _open: OpenConnection::new(self.resources.clone()),
             handlers: HashMap::new(),
             results_tx,
             results,
@@ -165,13 +260,32 @@ impl Acceptor {
 }
 
 type HandlerResult = (u64, Result<Bytes, WireError>);
+type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+/// A request waiting for its handler to start.
+struct Waiting {
+    call_id: u64,
+    method: MethodId,
+    payload: Bytes,
+    path: Path,
+}
 
 /// The task that owns one server connection and its state machine.
 struct ServerDriver {
     proto: ServerProto,
     conn: Box<dyn Connection>,
     service: Arc<dyn Service>,
+    /// The server-wide handler slots (FIFO: each connection waits for at most one at a time,
+    /// so no connection starves another).
     handler_slots: Arc<Semaphore>,
+    slot_wait: Option<SlotFuture>,
+    /// This connection's share of the handler slots.
+    max_handlers: usize,
+    /// Requests waiting for a slot or for rendezvous budget, in arrival order (bounded by the
+    /// protocol's calls in flight).
+    waiting: VecDeque<Waiting>,
+    resources: Arc<Resources>,
+    _open: OpenConnection,
     handlers: HashMap<u64, AbortHandle>,
     results_tx: mpsc::UnboundedSender<HandlerResult>,
     results: mpsc::UnboundedReceiver<HandlerResult>,
@@ -181,7 +295,7 @@ struct ServerDriver {
     draining: bool,
     /// This connection's own slot of the server's board: publishing never contends with
     /// other connections.
-    stats_slot: Arc<Mutex<ConnStats>>,
+    stats_slot: StatsSlot,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -192,13 +306,69 @@ fn shutdown_signal(mut rx: watch::Receiver<bool>) -> Pin<Box<dyn Future<Output =
 }
 
 impl ServerDriver {
-    fn start_handler(&mut self, call_id: u64, method: MethodId, payload: Bytes, path: Path) {
+    /// Starts waiting handlers while this connection's share, the server's slots and the
+    /// rendezvous budgets allow. A slot is taken before the task is spawned. Returns whether
+    /// any started.
+    fn start_handlers(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut started = false;
+        while !self.waiting.is_empty() && self.handlers.len() < self.max_handlers {
+            if !self.budget_allows_handler(cx) {
+                break;
+            }
+            let Some(permit) = self.take_slot(cx) else { break };
+            let Some(req) = self.waiting.pop_front() else { break };
+            self.resources.requests_waiting.fetch_sub(1, Ordering::Relaxed);
+            self.spawn_handler(req, permit);
+            started = true;
+        }
+        started
+    }
+
+    fn budget_allows_handler(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.proto.may_start_handler() {
+            return true;
+        }
+        // Spent on the server-wide budget: be woken when another connection releases some,
+        // then look again (a release in between is not missed).
+        match self.proto.blocked_on_shared_budget() {
+            Some(budget) => {
+                budget.register_waker(cx.waker());
+                self.proto.may_start_handler()
+            }
+            None => false,
+        }
+    }
+
+    /// A server-wide handler slot, at once or when this connection's turn comes.
+    fn take_slot(&mut self, cx: &mut Context<'_>) -> Option<OwnedSemaphorePermit> {
+        if self.slot_wait.is_none() {
+            match self.handler_slots.clone().try_acquire_owned() {
+                Ok(permit) => return Some(permit),
+                Err(TryAcquireError::Closed) => return None,
+                Err(TryAcquireError::NoPermits) => {
+                    self.slot_wait = Some(Box::pin(self.handler_slots.clone().acquire_owned()));
+                }
+            }
+        }
+        let wait = self.slot_wait.as_mut()?;
+        match wait.as_mut().poll(cx) {
+            Poll::Ready(result) => {
+                self.slot_wait = None;
+                result.ok()
+            }
+            Poll::Pending => None,
+        }
+    }
+
+    fn spawn_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
+        let Waiting { call_id, method, payload, path } = req;
         let span = tracing::debug_span!("call", call_id, method = format_args!("{method:#010x}"), %path);
         let fut = self.service.call(method, payload);
-        let slots = self.handler_slots.clone();
+        self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
+        let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         let results = self.results_tx.clone();
         let task = async move {
-            let Ok(_slot) = slots.acquire_owned().await else { return };
+            let _slot = slot;
             let outcome = AssertUnwindSafe(fut).catch_unwind().await;
             let result = match outcome {
                 Ok(Ok(bytes)) => Ok(bytes),
@@ -215,12 +385,17 @@ impl ServerDriver {
         while let Some(event) = self.proto.poll_event() {
             match event {
                 ServerEvent::Request { call_id, method, payload, path, .. } => {
-                    self.start_handler(call_id, method, payload, path)
+                    self.resources.requests_waiting.fetch_add(1, Ordering::Relaxed);
+                    self.waiting.push_back(Waiting { call_id, method, payload, path });
                 }
                 ServerEvent::Cancel { call_id, reason } => {
                     if let Some(h) = self.handlers.remove(&call_id) {
                         tracing::debug!(call_id, ?reason, "aborting handler");
                         h.abort();
+                    } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
+                        tracing::debug!(call_id, ?reason, "dropping a request that waited for a handler");
+                        self.waiting.remove(i);
+                        self.resources.requests_waiting.fetch_sub(1, Ordering::Relaxed);
                     }
                 }
             }
@@ -253,9 +428,15 @@ impl ServerDriver {
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.run_events();
         progressed |= self.poll_results(cx);
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep);
+        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
         self.run_events();
+        progressed |= self.start_handlers(cx);
         driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
+        if let Some(budget) = self.proto.blocked_on_shared_budget() {
+            // A READ waits for the server-wide budget: be woken by a release, then retry.
+            budget.register_waker(cx.waker());
+            driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
+        }
         Ok(progressed)
     }
 
@@ -265,7 +446,7 @@ impl ServerDriver {
             transport: self.conn.counters(),
             calls_in_flight: self.proto.calls_in_flight(),
         };
-        *self.stats_slot.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+        self.stats_slot.publish(stats);
     }
 
     fn stop(&mut self) {
@@ -273,6 +454,7 @@ impl ServerDriver {
         for (_, h) in self.handlers.drain() {
             h.abort();
         }
+        self.drop_waiting();
         self.proto.fail_all();
         self.conn.close();
     }
@@ -295,7 +477,12 @@ impl Future for ServerDriver {
                     this.stop();
                     return Poll::Ready(());
                 }
-                Ok(_) if this.draining && this.proto.is_idle() && this.handlers.is_empty() => {
+                Ok(_)
+                    if this.draining
+                        && this.proto.is_idle()
+                        && this.handlers.is_empty()
+                        && this.waiting.is_empty() =>
+                {
                     tracing::debug!("drained; closing");
                     this.stop();
                     return Poll::Ready(());
@@ -313,24 +500,64 @@ impl Future for ServerDriver {
     }
 }
 
-/// The latest counters of each connection a server has had, one slot per connection.
+/// The latest counters of each open connection, one slot per connection, and the folded
+/// totals of closed ones (a closed connection keeps no slot).
 #[derive(Debug, Default)]
 struct StatsBoard {
-    slots: Mutex<Vec<Arc<Mutex<ConnStats>>>>,
+    open: Mutex<HashMap<u64, Arc<Mutex<ConnStats>>>>,
+    closed: Mutex<ConnStats>,
+    next_id: AtomicU64,
+}
+
+/// One connection's slot of the board; folded into the closed totals when dropped.
+struct StatsSlot {
+    id: u64,
+    stats: Arc<Mutex<ConnStats>>,
+    board: Arc<StatsBoard>,
 }
 
 impl StatsBoard {
-    fn slot(&self) -> Arc<Mutex<ConnStats>> {
-        let slot = Arc::new(Mutex::new(ConnStats::default()));
-        self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot.clone());
-        slot
+    fn slot(self: &Arc<Self>) -> StatsSlot {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let stats = Arc::new(Mutex::new(ConnStats::default()));
+        lock(&self.open).insert(id, stats.clone());
+        StatsSlot { id, stats, board: self.clone() }
     }
 
     fn total(&self) -> ConnStats {
-        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots
-            .iter()
-            .fold(ConnStats::default(), |acc, s| acc.sum(&s.lock().unwrap_or_else(|e| e.into_inner())))
+        let open = lock(&self.open);
+        let closed = *lock(&self.closed);
+        open.values().fold(closed, |acc, s| acc.sum(&lock(s)))
+    }
+}
+
+impl StatsSlot {
+    fn publish(&self, stats: ConnStats) {
+        *lock(&self.stats) = stats;
+    }
+}
+
+impl Drop for StatsSlot {
+    fn drop(&mut self) {
+        lock(&self.board.open).remove(&self.id);
+        let mut last = *lock(&self.stats);
+        // Nothing is in progress or held on a closed connection.
+        last.calls_in_flight = 0;
+        last.proto.rendezvous_bytes_held = 0;
+        let mut closed = lock(&self.board.closed);
+        *closed = closed.sum(&last);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ServerDriver {
+    fn drop_waiting(&mut self) {
+        let n = self.waiting.len() as u64;
+        self.waiting.clear();
+        self.resources.requests_waiting.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -339,5 +566,6 @@ impl Drop for ServerDriver {
         for (_, h) in self.handlers.drain() {
             h.abort();
         }
+        self.drop_waiting();
     }
 }

@@ -91,6 +91,10 @@ impl Connection for MemConnection {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
         }
         let op = self.local.begin_send(wr_id)?;
+        if self.plan.black_holed() {
+            // Vanishes: no delivery, no completion; flushed if the connection dies.
+            return Ok(());
+        }
         let fault = self.plan.next_send_fault();
         let (local, peer) = (self.local.clone(), self.peer.clone());
         self.delay.run(self.plan.completion_delay(), move || {
@@ -120,14 +124,23 @@ impl Connection for MemConnection {
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
         self.info.check_read(&remote, dst.len())?;
         let op = self.local.begin_read(wr_id, remote, dst)?;
+        if self.plan.black_holed() {
+            // Vanishes: the peer is not read, no completion; flushed if the connection dies.
+            return Ok(());
+        }
         let (local, peer, plan) = (self.local.clone(), self.peer.clone(), self.plan.clone());
         self.delay.run(self.plan.completion_delay(), move || {
-            let served = if plan.reads_fail() {
-                Err(ReadError::Failed("injected".into()))
-            } else {
-                peer.serve_read(remote.addr, remote.len, remote.rkey)
-            };
+            if plan.reads_fail() {
+                return local.complete_read_from(op, Err(ReadError::Failed("injected".into())));
+            }
+            let served = peer.serve_read(remote.addr, remote.len, remote.rkey);
+            let refused = served.as_ref().err().map(ToString::to_string);
             local.complete_read_from(op, served);
+            // As on verbs: a refused READ (bad key, out of bounds, revoked) completes with its
+            // error, then the connection fails on both ends.
+            if let Some(why) = refused {
+                local.fail(Death::Closed(format!("READ refused by the peer ({why}): connection closed")));
+            }
         });
         Ok(())
     }

@@ -19,6 +19,7 @@ pub struct FaultPlan {
     fail_next: AtomicU64,
     fail_reads: AtomicBool,
     corrupt_next: AtomicU64,
+    black_hole: AtomicBool,
     /// Both ends of every connection made under this name, to kill them.
     links: Mutex<Vec<(Weak<Soft>, Weak<Soft>)>>,
 }
@@ -63,7 +64,8 @@ impl FaultPlan {
     }
 
     /// While `true`, every READ completes with `ReadError::Failed("injected")` and the peer's
-    /// memory is not read.
+    /// memory is not read. Unlike a READ the peer refuses (bad key, out of bounds, revoked),
+    /// which closes the connection as on verbs, an injected failure leaves it up.
     pub fn fail_reads(&self, fail: bool) {
         self.fail_reads.store(fail, Ordering::Relaxed);
     }
@@ -74,12 +76,35 @@ impl FaultPlan {
         self.corrupt_next.store(n, Ordering::Relaxed);
     }
 
-    /// Turns every knob off (no delay, no failures, no corruption). Does not revive anything.
+    /// Makes every connection of this name go silent, as if the peer's host vanished without a
+    /// FIN: every SEND and READ posted afterwards, in either direction, silently vanishes. It is
+    /// not delivered (a READ does not touch the peer's memory), it never completes, and nothing
+    /// dies: the connections stay up, and the swallowed operations complete (flushed) only when
+    /// a connection is closed or killed. For keepalive and idle-timeout tests.
+    /// Same as `set_black_hole(true)`.
+    pub fn black_hole(&self) {
+        self.set_black_hole(true);
+    }
+
+    /// Turns the black hole of [`FaultPlan::black_hole`] on or off. Turning it off affects
+    /// operations posted afterwards only: those swallowed stay lost (pending until the
+    /// connection dies).
+    pub fn set_black_hole(&self, on: bool) {
+        self.black_hole.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns every knob off (no delay, no failures, no corruption, no black hole). Does not
+    /// revive anything, nor deliver what the black hole swallowed.
     pub fn clear(&self) {
         self.set_completion_delay(Duration::ZERO);
         self.fail_next_completions(0);
         self.fail_reads(false);
         self.corrupt_next_frames(0);
+        self.set_black_hole(false);
+    }
+
+    pub(crate) fn black_holed(&self) -> bool {
+        self.black_hole.load(Ordering::Relaxed)
     }
 
     pub(crate) fn completion_delay(&self) -> Duration {

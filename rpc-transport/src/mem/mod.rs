@@ -4,10 +4,12 @@
 //! [`MemFabric::connect`] creates both ends of a connection at once (each with its receives
 //! already posted) and hands the server end to the listener's [`Listener::accept`]. SENDs are
 //! copied into the peer's posted receive; READs are served from the peer's registered regions
-//! with the same key and bounds checks as the `tcp` backend.
+//! with the same key and bounds checks as the `tcp` backend; a refused READ completes with its
+//! error and then closes the connection on both ends, as on verbs.
 //!
 //! Each listener name has a [`FaultPlan`] (see [`faults`]) that injects failures into its
-//! connections: kill them, delay completions, fail sends or READs, corrupt messages.
+//! connections: kill them, delay completions, fail sends or READs, corrupt messages, or make
+//! them silently swallow everything (a black hole).
 //!
 //! ```
 //! # use rpc_transport::{mem::MemFabric, ConnParams, Connection, Completion};
@@ -63,7 +65,7 @@ struct FabricInner {
 struct ListenerSlot {
     id: u64,
     params: ConnParams,
-    incoming: mpsc::UnboundedSender<Box<dyn Connection>>,
+    incoming: mpsc::Sender<Box<dyn Connection>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -105,7 +107,7 @@ impl MemFabric {
             });
         }
         let id = self.inner.next_listener_id.fetch_add(1, Ordering::Relaxed);
-        let (incoming, rx) = mpsc::unbounded_channel();
+        let (incoming, rx) = mpsc::channel(params.max_pending_handshakes);
         listeners.insert(name.to_string(), ListenerSlot { id, params, incoming });
         Ok(Box::new(MemListener { fabric: self.inner.clone(), name: name.to_string(), id, incoming: rx }))
     }
@@ -113,6 +115,10 @@ impl MemFabric {
     /// Connects to listener `name`. Both ends have their receives posted before this returns;
     /// the server end waits in the listener's accept queue. No listener:
     /// `TransportError::Connect` with `io::ErrorKind::ConnectionRefused`.
+    ///
+    /// The accept queue holds the listener's `max_pending_handshakes` connections at most; when
+    /// it is full, `connect` waits (nothing allocated) for the listener to accept one, up to the
+    /// client's `handshake_timeout`, then fails with `TransportError::Handshake`.
     pub async fn connect(
         &self,
         name: &str,
@@ -128,8 +134,23 @@ impl MemFabric {
             let slot = listeners.get(name).ok_or_else(|| refused("no mem listener of that name"))?;
             (slot.params.clone(), slot.incoming.clone())
         };
+        let slot = match incoming.try_reserve() {
+            Ok(slot) => slot,
+            Err(mpsc::error::TrySendError::Closed(())) => return Err(refused("mem listener closed")),
+            Err(mpsc::error::TrySendError::Full(())) => {
+                let limit = params.handshake_timeout;
+                tokio::time::timeout(limit, incoming.reserve())
+                    .await
+                    .map_err(|_| {
+                        TransportError::Handshake(format!(
+                            "mem listener {name:?} accepted nothing within {limit:?}"
+                        ))
+                    })?
+                    .map_err(|_| refused("mem listener closed"))?
+            }
+        };
         let (client, server) = conn::pair(name, &params, &server_params, self.faults(name));
-        incoming.send(Box::new(server)).map_err(|_| refused("mem listener closed"))?;
+        slot.send(Box::new(server));
         Ok(Box::new(client))
     }
 }
@@ -140,7 +161,7 @@ struct MemListener {
     fabric: Arc<FabricInner>,
     name: String,
     id: u64,
-    incoming: mpsc::UnboundedReceiver<Box<dyn Connection>>,
+    incoming: mpsc::Receiver<Box<dyn Connection>>,
 }
 
 impl Listener for MemListener {

@@ -62,11 +62,9 @@ impl RdmaConnection {
         }
         match op {
             Op::Recv { slot, buf } => self.complete_recv(slot, buf, ok.then_some(wc.byte_len as usize)),
-            Op::Send { wr_id, slot } => {
+            Op::Send { wr_id, buf } => {
                 self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
-                if let (Some(slot), Some(pool)) = (slot, self.send_pool.as_mut()) {
-                    pool.release(slot);
-                }
+                self.release_send_buf(buf);
                 if let Some(wr_id) = wr_id {
                     let result = if ok { Ok(()) } else { Err(self.send_error(wc.status)) };
                     self.ready.push_back(Completion::Send { wr_id, result });
@@ -219,10 +217,8 @@ impl RdmaConnection {
         for op in self.ops.drain() {
             match op {
                 Op::Recv { slot, .. } => self.recv_pool.release(slot),
-                Op::Send { wr_id, slot } => {
-                    if let (Some(slot), Some(pool)) = (slot, self.send_pool.as_mut()) {
-                        pool.release(slot);
-                    }
+                Op::Send { wr_id, buf } => {
+                    self.release_send_buf(buf);
                     if let Some(wr_id) = wr_id {
                         let reason = self.failed.clone().unwrap_or_default();
                         self.ready.push_back(Completion::Send {

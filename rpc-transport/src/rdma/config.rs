@@ -36,8 +36,9 @@ pub struct RdmaConfig {
     /// Send-queue depth requested for the QP (clamped to the device's limit). SENDs and READs
     /// beyond it wait in software queues.
     pub send_queue_depth: u32,
-    /// Number of registered send slabs (each as large as the peer's receive size) used for
-    /// SENDs too large to go inline.
+    /// Number of registered send slabs used for SENDs too large to go inline. Each slab is as
+    /// large as the smaller of our own `recv_size` and the peer's: memory cost at most
+    /// `send_slabs * ConnParams::recv_size` per connection, whatever the peer announces.
     pub send_slabs: u32,
     /// Largest READ accepted by `post_read` (`ConnInfo::max_read_size`), default 1 GiB.
     pub max_read_size: u64,
@@ -46,13 +47,19 @@ pub struct RdmaConfig {
     pub max_read_chunk: u64,
     /// Timeout of address and route resolution, each.
     pub resolve_timeout: Duration,
-    /// Bound of the whole connection setup (rdma_cm exchange plus the in-band hello).
+    /// Bound of the whole connection setup on the connecting side (resolution, rdma_cm exchange
+    /// and the in-band hello). The accepting side is bounded by `ConnParams::handshake_timeout`.
     pub setup_timeout: Duration,
     /// Transport retry count of the QP (0..=7).
     pub retry_count: u8,
     /// RNR retry count (0..=7, 7 = forever). A SEND that finds no receive posted at the peer is
     /// retried this many times, then fails the connection (and counts `recv_unexpected`).
     pub rnr_retry_count: u8,
+    /// Testing only: the connecting side completes the rdma_cm exchange, then never sends its
+    /// hello (a silent peer, as the listener's bounds must survive). `connect_with` then fails
+    /// when the listener gives up on it, or at `setup_timeout`. Default `false`.
+    #[doc(hidden)]
+    pub silent_after_connect: bool,
 }
 
 impl Default for RdmaConfig {
@@ -71,6 +78,7 @@ impl Default for RdmaConfig {
             setup_timeout: Duration::from_secs(30),
             retry_count: 7,
             rnr_retry_count: 6,
+            silent_after_connect: false,
         }
     }
 }

@@ -30,10 +30,21 @@ pub(super) enum Op {
     /// A posted receive into pool slot `slot`; `buf` is the caller's buffer to fill (`None`: the
     /// hello receive).
     Recv { slot: u32, buf: Option<RecvBuffer> },
-    /// A posted SEND; `wr_id` is `None` for the hello, `slot` is `None` for inline sends.
-    Send { wr_id: Option<WrId>, slot: Option<u32> },
+    /// A posted SEND; `wr_id` is `None` for the hello.
+    Send { wr_id: Option<WrId>, buf: SendBuf },
     /// One chunk of the READ with key `read` in the READ slab.
     ReadChunk { read: u64 },
+}
+
+/// What a posted SEND's bytes went out from, kept until its completion.
+#[derive(Debug)]
+pub(super) enum SendBuf {
+    /// Inline (copied by the provider at post time), or the hello's own buffer.
+    None,
+    /// A slot of the send slab pool.
+    Slab(u32),
+    /// A buffer registered for this SEND alone (larger than a send slab).
+    Own(RegisteredBuf),
 }
 
 /// A READ, possibly split in several chunks.
@@ -82,6 +93,8 @@ pub struct RdmaConnection {
     pub(super) recv_size: usize,
     pub(super) send_pool: Option<SlotPool>,
     pub(super) send_slabs: u32,
+    /// A SEND larger than a send slab is in flight from its own registered buffer.
+    pub(super) oversized_in_flight: bool,
     pub(super) hello_buf: RegisteredBuf,
     pub(super) send_backlog: VecDeque<(WrId, Bytes)>,
     pub(super) read_backlog: VecDeque<Chunk>,

@@ -11,15 +11,25 @@
 //! Layout (little endian): magic `b"RPCRDMA1"`, `recv_depth: u32`, `recv_size: u32`,
 //! `max_dest_rd_atomic: u32` (READs this side serves at once), `max_rd_atomic: u32` (READs this
 //! side issues at once), `private_len: u16`, then the private data.
+//!
+//! Every field is bounded as the tcp hello's: `recv_depth` and `recv_size` within the limits of
+//! every backend (at most 65536 receives of at most 64 MiB), the READ depths within
+//! `1..=`[`MAX_RD_ATOMIC`] (a QP attribute is a `u8`), private data at most 256 bytes. None of
+//! them sizes our memory anyway: our send slabs are sized from our own receive size (see
+//! `post.rs`).
 
 use bytes::Bytes;
 
+use crate::soft::check_sizes;
 use crate::{TransportError, MAX_PRIVATE_DATA};
 
 const MAGIC: &[u8; 8] = b"RPCRDMA1";
 const FIXED_LEN: usize = 8 + 4 * 4 + 2;
 /// Largest encoded hello; the hello receive slot is at least this large.
 pub(crate) const HELLO_MAX: usize = FIXED_LEN + MAX_PRIVATE_DATA;
+/// Largest READ depth a hello may announce: `max_rd_atomic` / `max_dest_rd_atomic` are `u8`
+/// attributes of a verbs QP.
+pub(crate) const MAX_RD_ATOMIC: u32 = 255;
 
 /// What each side tells the other at setup.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +75,13 @@ impl Hello {
             max_rd_atomic: u32_at(20),
             private_data: Bytes::copy_from_slice(&msg[FIXED_LEN..]),
         };
-        if hello.recv_depth == 0 || hello.recv_size == 0 {
-            return Err(bad("zero receive depth or size"));
+        check_sizes(hello.recv_depth, hello.recv_size, pd_len).map_err(|why| bad(&why))?;
+        for (name, depth) in
+            [("max_dest_rd_atomic", hello.max_dest_rd_atomic), ("max_rd_atomic", hello.max_rd_atomic)]
+        {
+            if depth == 0 || depth > MAX_RD_ATOMIC {
+                return Err(bad(&format!("{name} {depth} outside 1..={MAX_RD_ATOMIC}")));
+            }
         }
         Ok(hello)
     }
@@ -106,5 +121,35 @@ mod tests {
         let mut long = enc;
         long.push(0);
         assert!(Hello::decode(&long).is_err());
+    }
+
+    #[test]
+    fn rejects_every_out_of_range_field() {
+        let cases = [
+            ("zero recv_depth", Hello { recv_depth: 0, ..sample() }, "recv_depth"),
+            ("recv_depth over 65536", Hello { recv_depth: (1 << 16) + 1, ..sample() }, "recv_depth"),
+            ("recv_depth u32::MAX", Hello { recv_depth: u32::MAX, ..sample() }, "recv_depth"),
+            ("zero recv_size", Hello { recv_size: 0, ..sample() }, "recv_size"),
+            ("recv_size over 64 MiB", Hello { recv_size: (64 << 20) + 1, ..sample() }, "recv_size"),
+            ("recv_size u32::MAX", Hello { recv_size: u32::MAX, ..sample() }, "recv_size"),
+            ("zero max_dest_rd_atomic", Hello { max_dest_rd_atomic: 0, ..sample() }, "max_dest_rd_atomic"),
+            ("max_dest_rd_atomic 256", Hello { max_dest_rd_atomic: 256, ..sample() }, "max_dest_rd_atomic"),
+            ("zero max_rd_atomic", Hello { max_rd_atomic: 0, ..sample() }, "max_rd_atomic"),
+            ("max_rd_atomic u32::MAX", Hello { max_rd_atomic: u32::MAX, ..sample() }, "max_rd_atomic"),
+        ];
+        for (what, hello, field) in cases {
+            match Hello::decode(&hello.encode()) {
+                Err(TransportError::Handshake(why)) => assert!(why.contains(field), "{what}: {why}"),
+                other => panic!("{what}: accepted or wrong error: {other:?}"),
+            }
+        }
+        let limits = Hello {
+            recv_depth: 1 << 16,
+            recv_size: 64 << 20,
+            max_dest_rd_atomic: MAX_RD_ATOMIC,
+            max_rd_atomic: 1,
+            private_data: Bytes::from(vec![7; MAX_PRIVATE_DATA]),
+        };
+        assert_eq!(Hello::decode(&limits.encode()).unwrap(), limits, "the limits themselves are valid");
     }
 }

@@ -8,6 +8,10 @@
 //!
 //! # Design
 //!
+//! * **Listener** (`listener.rs`): connect requests are set up concurrently, each in its own
+//!   task, at most `ConnParams::max_pending_handshakes` at once (as many more wait, further ones
+//!   are refused) and each within `ConnParams::handshake_timeout`: a silent peer holds one setup
+//!   slot for that long and blocks nobody. Every hello field is bounded (`hello.rs`).
 //! * **Setup** (`setup.rs`): rdma_cm with user-created basic CQ and QP (sideway's extended
 //!   objects hang or fail on rxe and are unsupported on siw). Receives are posted before
 //!   `rdma_connect` / `rdma_accept`. sideway offers no rdma_cm private data, so our parameters
@@ -19,8 +23,9 @@
 //!   Completions are routed by `wr_id` to slab entries that own the operation's buffers.
 //! * **Memory** (`buffers.rs`): eager receives and non-inline SENDs go through registered slab
 //!   pools owned by the connection (copied from / to the caller's buffers); SENDs up to the QP's
-//!   `max_inline_data` are posted inline; a READ writes straight into the caller's destination,
-//!   registered for that READ. Regions advertised with [`crate::Connection::register`] are
+//!   `max_inline_data` are posted inline; send slabs are sized from our own receive size (capped
+//!   by the peer's, never sized by it), and a rare larger SEND goes out from a buffer registered
+//!   for it alone; a READ writes straight into the caller's destination, registered for that READ. Regions advertised with [`crate::Connection::register`] are
 //!   REMOTE_READ only.
 //! * **Revocation**: [`crate::Connection::deregister`] deregisters the memory region
 //!   (`ibv_dereg_mr`): when it returns, the NIC refuses the key. Type-2 memory windows would
@@ -58,6 +63,7 @@ mod cq;
 mod device;
 mod error;
 mod hello;
+mod listener;
 mod post;
 mod setup;
 mod slab;
@@ -66,4 +72,5 @@ mod sys;
 pub use config::{RdmaConfig, ENV_BUSY_POLL_US, ENV_DEVICE, ENV_GID_INDEX, ENV_PORT};
 pub use conn::RdmaConnection;
 pub use error::RdmaError;
-pub use setup::{connect, connect_with, listen, listen_with, RdmaListener};
+pub use listener::{listen, listen_with, RdmaListener};
+pub use setup::{connect, connect_with};

@@ -6,8 +6,8 @@ use sideway::ibverbs::queue_pair::{
     PostSendGuard, QueuePair, SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
 };
 
-use super::buffers::{ReadDest, SlotPool};
-use super::conn::{Chunk, Op, RdmaConnection, ReadOp};
+use super::buffers::{ReadDest, RegisteredBuf, SlotPool};
+use super::conn::{Chunk, Op, RdmaConnection, ReadOp, SendBuf};
 use super::error::{chain, verbs};
 use crate::{Completion, RecvBuffer, RegionDesc, TransportError, WrId};
 
@@ -77,7 +77,7 @@ impl RdmaConnection {
         let Some(qp) = self.qp.as_mut() else {
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
         };
-        let key = self.ops.insert(Op::Send { wr_id: None, slot: None });
+        let key = self.ops.insert(Op::Send { wr_id: None, buf: SendBuf::None });
         let mut guard = qp.start_post_send();
         let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
         // SAFETY: the hello buffer is registered (lkey) and owned by the connection, which keeps
@@ -159,44 +159,100 @@ impl RdmaConnection {
     }
 
     /// Posts one SEND; `Ok(false)` (and the message back at the head of the backlog) when it must
-    /// wait for a send slab.
+    /// wait for a send slab (or for the one oversized SEND in flight).
+    ///
+    /// Where the bytes go out from: inline when they fit `max_inline`; else from a send slab,
+    /// whose size is the smaller of our own and the peer's receive size (the peer's announced
+    /// size caps what we send but never sizes our memory); a message larger than that (up to the
+    /// peer's receive size; the protocol never sends one) is copied into a buffer registered for
+    /// that SEND alone, one such SEND in flight at a time.
     fn try_post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<bool, TransportError> {
-        let inline = msg.len() <= self.limits.max_inline as usize;
-        let slot = if inline {
-            None
-        } else {
-            match self.send_slab()?.alloc() {
-                Some(slot) => Some(slot),
+        let fail = |conn: &mut Self, e: TransportError| {
+            conn.ready.push_back(Completion::Send { wr_id, result: Err(e.clone_for_completion()) });
+            Err(e)
+        };
+        let buf = if msg.len() <= self.limits.max_inline as usize {
+            SendBuf::None
+        } else if msg.len() <= self.send_slab_size() {
+            let slot = match self.send_slab() {
+                Ok(pool) => pool.alloc(),
+                Err(e) => return fail(self, e),
+            };
+            match slot {
+                Some(slot) => SendBuf::Slab(slot),
                 None => {
                     self.send_backlog.push_front((wr_id, msg));
                     return Ok(false);
                 }
             }
+        } else if self.oversized_in_flight {
+            self.send_backlog.push_front((wr_id, msg));
+            return Ok(false);
+        } else {
+            match RegisteredBuf::new(&self.pd, msg.len()) {
+                Ok(mut own) => {
+                    own.bytes_mut(0, msg.len()).copy_from_slice(&msg);
+                    SendBuf::Own(own)
+                }
+                Err(e) => return fail(self, e),
+            }
         };
-        let key = self.ops.insert(Op::Send { wr_id: Some(wr_id), slot });
-        let posted = match slot {
+        let source = match &buf {
+            SendBuf::None => None,
+            SendBuf::Slab(slot) => {
+                let pool = self.send_pool.as_mut().expect("slot came from the pool");
+                pool.bytes_mut(*slot, msg.len()).copy_from_slice(&msg);
+                Some((pool.lkey(), pool.addr(*slot)))
+            }
+            SendBuf::Own(own) => Some((own.lkey(), own.addr(0))),
+        };
+        let oversized = matches!(buf, SendBuf::Own(_));
+        let key = self.ops.insert(Op::Send { wr_id: Some(wr_id), buf });
+        let posted = match source {
             None => self.post_inline_send(key, &msg),
-            Some(slot) => self.post_slab_send(key, slot, &msg),
+            Some((lkey, addr)) => self.post_registered_send(key, lkey, addr, msg.len()),
         };
         if let Err(e) = posted {
-            self.ops.remove(key);
-            if let Some(slot) = slot {
-                self.send_slab()?.release(slot);
+            if let Some(Op::Send { buf, .. }) = self.ops.remove(key) {
+                self.release_send_buf(buf);
             }
-            self.ready.push_back(Completion::Send { wr_id, result: Err(e.clone_for_completion()) });
-            return Err(e);
+            return fail(self, e);
         }
+        self.oversized_in_flight |= oversized;
         self.sq_outstanding += 1;
         Ok(true)
     }
 
-    /// The send slab pool, created on first use (slabs as large as the peer's receive size).
+    /// Size of each send slab: our own receive size (our largest frame), capped by the peer's.
+    fn send_slab_size(&self) -> usize {
+        self.recv_size.min(self.info.peer_recv_size as usize).max(1)
+    }
+
+    /// The send slab pool, created on first use.
     fn send_slab(&mut self) -> Result<&mut SlotPool, TransportError> {
         if self.send_pool.is_none() {
-            let size = self.info.peer_recv_size as usize;
+            let size = self.send_slab_size();
             self.send_pool = Some(SlotPool::new(&self.pd, self.send_slabs, size)?);
         }
         Ok(self.send_pool.as_mut().expect("created above"))
+    }
+
+    /// Gives back what a finished (completed, failed or flushed) SEND sent from.
+    pub(super) fn release_send_buf(&mut self, buf: SendBuf) {
+        match buf {
+            SendBuf::None => {}
+            SendBuf::Slab(slot) => {
+                if let Some(pool) = self.send_pool.as_mut() {
+                    pool.release(slot);
+                }
+            }
+            SendBuf::Own(own) => {
+                // Deregistered and freed here: the NIC is done with it (completion or flush, or
+                // the QP is destroyed).
+                drop(own);
+                self.oversized_in_flight = false;
+            }
+        }
     }
 
     fn post_inline_send(&mut self, key: u64, msg: &[u8]) -> Result<(), TransportError> {
@@ -211,17 +267,22 @@ impl RdmaConnection {
         guard.post().map_err(|e| verbs("ibv_post_send", chain(&e)))
     }
 
-    fn post_slab_send(&mut self, key: u64, slot: u32, msg: &[u8]) -> Result<(), TransportError> {
-        let pool = self.send_pool.as_mut().expect("slot came from the pool");
-        pool.bytes_mut(slot, msg.len()).copy_from_slice(msg);
-        let (lkey, addr) = (pool.lkey(), pool.addr(slot));
+    fn post_registered_send(
+        &mut self,
+        key: u64,
+        lkey: u32,
+        addr: u64,
+        len: usize,
+    ) -> Result<(), TransportError> {
         let qp =
             self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
         let mut guard = qp.start_post_send();
         let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
-        // SAFETY: the slot is inside the registered send pool (lkey), owned by the connection
-        // until after the QP is destroyed, and not reused before this SEND's completion.
-        unsafe { wr.setup_sge(lkey, addr, msg.len() as u32) };
+        // SAFETY: `lkey`/`addr` name a slot of the registered send pool or the SEND's own
+        // registered buffer, holding `len` bytes; both are owned by the connection (the latter by
+        // this SEND's Op) until its completion or flush, or until after the QP is destroyed, and
+        // are not written meanwhile.
+        unsafe { wr.setup_sge(lkey, addr, len as u32) };
         guard.post().map_err(|e| verbs("ibv_post_send", chain(&e)))
     }
 

@@ -13,7 +13,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
@@ -30,29 +29,20 @@ use super::conn::{Limits, RdmaConnection};
 use super::cq::CqPoller;
 use super::device::{self, DeviceFacts};
 use super::error::{chain, verbs, RdmaError};
-use super::hello::{Hello, HELLO_MAX};
+use super::hello::{Hello, HELLO_MAX, MAX_RD_ATOMIC};
 use super::slab::Slab;
 use super::sys::{self, ConnParamFields};
-use crate::{
-    Address, BoxFuture, ConnInfo, ConnParams, Connection, Listener, TransportError, MAX_PRIVATE_DATA,
-};
+use crate::{ConnInfo, ConnParams, Connection, TransportError};
 
 /// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: "as many as the device allows" to librdmacm.
 const RDMA_MAX_DEPTH: u8 = 0xff;
 /// Inline sizes tried, largest first (siw accepts at most 80 bytes or so, rxe a few hundred).
 const INLINE_TRIES: [u32; 3] = [256, 64, 0];
 
-fn check_params(params: &ConnParams) -> Result<(), TransportError> {
-    if params.private_data.len() > MAX_PRIVATE_DATA {
-        return Err(TransportError::Handshake(format!(
-            "private data of {} bytes exceeds {MAX_PRIVATE_DATA}",
-            params.private_data.len()
-        )));
-    }
-    if params.recv_depth == 0 || params.recv_size == 0 {
-        return Err(TransportError::Handshake("recv_depth and recv_size must be positive".into()));
-    }
-    Ok(())
+/// Checks the parameters a side asks for: the same limits as the other backends (receive depth
+/// and size, private data, setup bounds).
+pub(super) fn check_params(params: &ConnParams) -> Result<(), TransportError> {
+    crate::soft::validate_params(params)
 }
 
 /// Connects to `addr` with the configuration from the environment (see [`RdmaConfig::from_env`]).
@@ -125,7 +115,9 @@ async fn active_setup(
         }
     }
     let ours = conn.local_hello(params, &facts);
-    conn.post_hello(&ours.encode())?;
+    if !cfg.silent_after_connect {
+        conn.post_hello(&ours.encode())?;
+    }
     let theirs = conn.wait_hello().await?;
     conn.finish_setup(&ours, theirs, &facts);
     Ok(conn)
@@ -215,6 +207,7 @@ fn build_connection(
         recv_size,
         send_pool: None,
         send_slabs: cfg.send_slabs.clamp(1, sq_depth),
+        oversized_in_flight: false,
         hello_buf,
         send_backlog: VecDeque::new(),
         read_backlog: VecDeque::new(),
@@ -314,8 +307,10 @@ impl RdmaConnection {
             .and_then(|qp| qp.query(mask).ok())
             .map(|(attr, _)| (u32::from(attr.max_read_atomic()), u32::from(attr.max_dest_read_atomic())))
             .unwrap_or((0, 0));
-        // Some providers (iWARP) report 0 here; fall back to the device limits, at least 1.
-        let or_device = |v: u32, dev: u32| if v == 0 { dev.max(1) } else { v };
+        // Some providers (iWARP) report 0 here; fall back to the device limits, at least 1 (and
+        // at most what a hello may announce).
+        let or_device =
+            |v: u32, dev: u32| if v == 0 { dev.clamp(1, MAX_RD_ATOMIC) } else { v.min(MAX_RD_ATOMIC) };
         Hello {
             recv_depth: params.recv_depth,
             recv_size: params.recv_size,
@@ -366,97 +361,9 @@ impl RdmaConnection {
     }
 }
 
-/// Listens on `addr` with the configuration from the environment.
-pub async fn listen(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Listener>, TransportError> {
-    Ok(Box::new(listen_with(addr, params, RdmaConfig::from_env())?))
-}
-
-/// Listens on `addr` (port 0: a free port is picked) with an explicit configuration. Must be
-/// called within a tokio runtime (it starts the rdma_cm event task).
-pub fn listen_with(
-    addr: SocketAddr,
-    params: ConnParams,
-    cfg: RdmaConfig,
-) -> Result<RdmaListener, TransportError> {
-    check_params(&params)?;
-    device::check_devices(&cfg)?;
-    let cm = Arc::new(CmChannel::open()?);
-    let listen_err = |a: SocketAddr, e: io::Error| TransportError::Listen { addr: a.to_string(), source: e };
-    let mut tries = if addr.port() == 0 { 32 } else { 1 };
-    let (id, sink, local) = loop {
-        let mut local = addr;
-        if addr.port() == 0 {
-            local.set_port(rand::Rng::gen_range(&mut rand::thread_rng(), 20000..60000));
-        }
-        let (id, sink) = cm.create_id()?;
-        match id.bind_addr(local) {
-            Ok(()) => break (id, sink, local),
-            Err(e) => {
-                let io = match e.source {
-                    sideway::rdmacm::communication_manager::BindAddressErrorKind::Rdmacm(io) => io,
-                    other => io::Error::other(other.to_string()),
-                };
-                tries -= 1;
-                if tries == 0 || io.raw_os_error() != Some(libc::EADDRINUSE) {
-                    return Err(listen_err(local, io));
-                }
-            }
-        }
-    };
-    if let (Some(ctx), Some(wanted)) = (id.get_device_context(), cfg.device.as_ref()) {
-        use sideway::ibverbs::device::DeviceInfo;
-        if ctx.name() != *wanted {
-            return Err(RdmaError::WrongDevice {
-                addr: local.to_string(),
-                chosen: ctx.name(),
-                wanted: wanted.clone(),
-            }
-            .into());
-        }
-    }
-    id.listen(64).map_err(|e| listen_err(local, io::Error::other(chain(&e))))?;
-    Ok(RdmaListener { id: Some(id), sink, cm, params, cfg, local })
-}
-
-/// An rdma_cm listening identifier.
-pub struct RdmaListener {
-    id: Option<Arc<Identifier>>,
-    sink: Arc<CmSink>,
-    cm: Arc<CmChannel>,
-    params: ConnParams,
-    cfg: RdmaConfig,
-    local: SocketAddr,
-}
-
-impl std::fmt::Debug for RdmaListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaListener").field("local", &self.local).finish_non_exhaustive()
-    }
-}
-
-impl RdmaListener {
-    /// Accepts the next connection (bounded by the setup timeout once a request arrived).
-    pub async fn accept_rdma(&mut self) -> Result<RdmaConnection, TransportError> {
-        loop {
-            match self.sink.next().await {
-                CmEvent::ConnectRequest(new_id) => {
-                    let setup =
-                        passive_setup(new_id, &self.params, &self.cfg, Arc::clone(&self.cm), self.local);
-                    return match tokio::time::timeout(self.cfg.setup_timeout, setup).await {
-                        Ok(result) => result,
-                        Err(_) => Err(TransportError::Handshake(format!(
-                            "incoming connection not set up within {:?}",
-                            self.cfg.setup_timeout
-                        ))),
-                    };
-                }
-                other => tracing::debug!(event = ?other, "rdma_cm event on the listener"),
-            }
-        }
-    }
-}
-
-async fn passive_setup(
+/// The passive side of connection setup for one connect request (unbounded in time: the
+/// listener bounds it with `handshake_timeout`).
+pub(super) async fn passive_setup(
     id: Arc<Identifier>,
     params: &ConnParams,
     cfg: &RdmaConfig,
@@ -500,21 +407,4 @@ async fn passive_setup(
     conn.post_hello(&ours.encode())?;
     conn.finish_setup(&ours, theirs, &facts);
     Ok(conn)
-}
-
-impl Listener for RdmaListener {
-    fn accept(&mut self) -> BoxFuture<'_, Result<Box<dyn Connection>, TransportError>> {
-        Box::pin(async move { Ok(Box::new(self.accept_rdma().await?) as Box<dyn Connection>) })
-    }
-
-    fn local_addr(&self) -> Address {
-        Address::Rdma(self.local)
-    }
-}
-
-impl Drop for RdmaListener {
-    fn drop(&mut self) {
-        self.id = None;
-        self.cm.nudge();
-    }
 }

@@ -73,9 +73,24 @@ impl fmt::Debug for Soft {
     }
 }
 
-/// Checks the parameters a side asks for.
+/// Checks the parameters a side asks for (sizes, and the setup bounds being positive).
 pub(crate) fn validate_params(p: &ConnParams) -> Result<(), TransportError> {
-    check_sizes(p.recv_depth, p.recv_size, p.private_data.len()).map_err(TransportError::Handshake)
+    check_sizes(p.recv_depth, p.recv_size, p.private_data.len()).map_err(TransportError::Handshake)?;
+    check_setup_bounds(p).map_err(TransportError::Handshake)
+}
+
+/// Checks `handshake_timeout`, `max_pending_handshakes` and `tcp_keepalive` (all backends).
+pub(crate) fn check_setup_bounds(p: &ConnParams) -> Result<(), String> {
+    if p.handshake_timeout.is_zero() {
+        return Err("handshake_timeout must be positive".into());
+    }
+    if p.max_pending_handshakes == 0 {
+        return Err("max_pending_handshakes must be at least 1".into());
+    }
+    if p.tcp_keepalive.is_some_and(|idle| idle < std::time::Duration::from_secs(1)) {
+        return Err("tcp_keepalive must be at least 1 s (the kernel counts whole seconds)".into());
+    }
+    Ok(())
 }
 
 /// Checks sizes announced at setup: depth and size within limits, private data at most 256 bytes.
@@ -95,6 +110,8 @@ pub(crate) fn check_sizes(recv_depth: u32, recv_size: u32, private_len: usize) -
 impl Soft {
     /// A live endpoint with `recv_depth` receives of `recv_size` bytes already posted.
     pub(crate) fn new(params: &ConnParams) -> Arc<Soft> {
+        #[cfg(test)]
+        pools_allocated::bump();
         Arc::new(Soft {
             state: Mutex::new(State::new(params.recv_depth, params.recv_size)),
             on_death: OnceLock::new(),
@@ -274,6 +291,26 @@ impl Soft {
 
     pub(crate) fn counters(&self) -> TransportCounters {
         self.lock().counters
+    }
+}
+
+/// Test-only count of receive pools allocated ([`Soft::new`]) on the current thread: the tests
+/// of the tcp handshake run on a current-thread runtime, so every task they spawn counts here.
+#[cfg(test)]
+pub(crate) mod pools_allocated {
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(crate) fn bump() {
+        COUNT.with(|c| c.set(c.get() + 1));
+    }
+
+    /// Pools allocated on this thread so far.
+    pub(crate) fn get() -> u64 {
+        COUNT.with(Cell::get)
     }
 }
 

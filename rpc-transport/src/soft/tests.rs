@@ -13,7 +13,7 @@ impl Wake for CountingWaker {
 }
 
 fn params(depth: u32, size: u32) -> ConnParams {
-    ConnParams { recv_depth: depth, recv_size: size, private_data: Bytes::new() }
+    ConnParams { recv_depth: depth, recv_size: size, ..ConnParams::default() }
 }
 
 fn drain(soft: &Soft) -> (Vec<Completion>, Poll<Result<(), TransportError>>) {

@@ -3,14 +3,25 @@
 //! After a hello exchange (magic, version, receive depth and size, private data; see the wire
 //! format in the `wire` module), a SEND is a length-prefixed frame that the peer's reader task
 //! reads straight into its next posted receive, and a READ is a request frame that the peer's
-//! reader task serves from its registered regions after checking key, bounds and registration
-//! (a refused READ is answered with an error code, never with memory). Each connection has a
-//! reader task and a writer task; the writer writes every queued frame and then flushes once.
+//! reader task serves from its registered regions after checking key, bounds and registration.
+//! A refused READ is answered with an error code, never with memory, and then closes the
+//! connection on both ends, as verbs does: the reader's READ completes with its typed error
+//! ([`crate::ReadError::InvalidKey`], [`crate::ReadError::OutOfBounds`], ...), then both ends fail
+//! with `Disconnected`. Each connection has a reader task and a writer task; the writer writes
+//! every queued frame and then flushes once.
+//!
+//! Setup (see `handshake.rs`): the listener reads and validates the client's hello before it
+//! allocates anything for the connection, handshakes are bounded in number
+//! ([`crate::ConnParams::max_pending_handshakes`]) and time
+//! ([`crate::ConnParams::handshake_timeout`]), and every stream gets `SO_KEEPALIVE`
+//! ([`crate::ConnParams::tcp_keepalive`]).
 //!
 //! Any framing violation by the peer (unknown frame type, oversized SEND, unsolicited or
 //! mis-sized READ response, truncated frame) fails the connection with
 //! [`TransportError::Malformed`]: pending operations are flushed and the socket is closed.
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzzing;
 mod handshake;
 mod listener;
 mod reader;
@@ -20,6 +31,7 @@ mod writer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{BufReader, BufWriter};
@@ -41,26 +53,49 @@ const MAX_READS_IN_FLIGHT: u32 = 64;
 /// Socket buffering of the reader and writer tasks.
 const IO_BUFFER: usize = 64 * 1024;
 
-/// Connects to a tcp listener at `addr` and performs the setup handshake.
+/// Connects to a tcp listener at `addr` and performs the setup handshake (bounded by
+/// [`ConnParams::handshake_timeout`]).
 pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Connection>, TransportError> {
     validate_params(&params)?;
-    let stream = TcpStream::connect(addr)
+    let mut stream = TcpStream::connect(addr)
         .await
         .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
-    Ok(Box::new(establish(stream, &params, addr).await?))
+    configure(&stream, &params)?;
+    let (soft, hello) = handshake::client(&mut stream, &params).await?;
+    Ok(Box::new(TcpConnection::start(stream, soft, params.recv_size, hello, addr)))
 }
 
-/// Runs the handshake on a fresh stream and starts the connection's tasks. Our receives are
-/// posted before our hello leaves, so the peer can send as soon as it has read it.
-async fn establish(
+/// The accepting side of the handshake on a fresh stream (see `handshake.rs`): the peer's hello
+/// is read and checked before anything is allocated for it.
+async fn accept_stream(
     mut stream: TcpStream,
     params: &ConnParams,
     peer: SocketAddr,
 ) -> Result<TcpConnection, TransportError> {
-    stream.set_nodelay(true)?;
-    let soft = Soft::new(params);
-    let hello = handshake::exchange_hello(&mut stream, params).await?;
+    configure(&stream, params)?;
+    let (soft, hello) = handshake::server(&mut stream, params).await?;
     Ok(TcpConnection::start(stream, soft, params.recv_size, hello, peer))
+}
+
+/// Socket options of every connection: no Nagle delay, and `SO_KEEPALIVE` as configured.
+fn configure(stream: &TcpStream, params: &ConnParams) -> Result<(), TransportError> {
+    stream.set_nodelay(true)?;
+    if let Some(idle) = params.tcp_keepalive {
+        socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive(idle))?;
+    }
+    #[cfg(test)]
+    tests::record_socket_options(stream);
+    Ok(())
+}
+
+/// Probes sent by a silent connection before it is declared dead.
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// The keepalive of [`ConnParams::tcp_keepalive`]: first probe after `idle`, then one every
+/// `max(idle / 5, 1 s)`, [`KEEPALIVE_PROBES`] of them.
+fn keepalive(idle: Duration) -> socket2::TcpKeepalive {
+    let interval = (idle / 5).max(Duration::from_secs(1));
+    socket2::TcpKeepalive::new().with_time(idle).with_interval(interval).with_retries(KEEPALIVE_PROBES)
 }
 
 /// One end of a tcp connection.
@@ -178,3 +213,6 @@ impl Drop for TcpConnection {
         self.close();
     }
 }
+
+#[cfg(test)]
+mod tests;

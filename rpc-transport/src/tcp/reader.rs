@@ -2,6 +2,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{mpsc, Semaphore};
@@ -22,7 +23,13 @@ pub(crate) struct Reader {
     /// One permit per READ response queued and not yet written: a peer that floods READ
     /// requests without reading our responses stalls here instead of growing our memory.
     response_permits: Arc<Semaphore>,
+    /// How long to wait for the writer after a refused READ ([`CLOSE_GRACE`]; zero in tests).
+    pub(crate) close_grace: Duration,
 }
+
+/// How long a reader that refused a READ waits for the writer to send the refusal before it
+/// closes the connection itself.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// READ responses that may wait for the writer at once (well above what a peer that respects
 /// `max_reads_in_flight` can cause).
@@ -44,7 +51,7 @@ fn inside_frame(e: io::Error) -> Death {
 impl Reader {
     pub(crate) fn new(soft: Arc<Soft>, out: mpsc::UnboundedSender<Outgoing>, recv_size: u32) -> Reader {
         let response_permits = Arc::new(Semaphore::new(MAX_QUEUED_RESPONSES));
-        Reader { soft, out, recv_size, scratch: Vec::new(), response_permits }
+        Reader { soft, out, recv_size, scratch: Vec::new(), response_permits, close_grace: CLOSE_GRACE }
     }
 
     /// Reads and handles frames until the stream ends or the peer breaks the framing. Returns
@@ -103,12 +110,31 @@ impl Reader {
     }
 
     /// A READ request from the peer: served from our regions (checked), answered by the writer.
+    ///
+    /// A refused READ (bad key, out of bounds, revoked, too large) closes the connection, as a
+    /// verbs responder does: the refusal is queued, then a `Close` that makes the writer flush it
+    /// and kill the endpoint. This reader reads nothing more meanwhile (no frame of the peer's
+    /// after its bad READ is delivered), and kills the endpoint itself if the writer cannot get
+    /// the refusal out within [`CLOSE_GRACE`] (a peer that does not read its socket).
     async fn on_read_req(&self, id: u64, addr: u64, len: u64, rkey: u32) -> Result<(), Death> {
         let permit = self.response_permits.clone().acquire_owned().await;
         let permit = permit.map_err(|_| Death::Closed("reader stopped".into()))?;
-        let result = self.soft.serve_read(addr, len, rkey).map_err(|e| wire::status_of(&e));
-        let response = Outgoing::ReadResp { id, result, permit };
-        self.out.send(response).map_err(|_| Death::Closed("writer stopped".into()))
+        let writer_gone = |_| Death::Closed("writer stopped".into());
+        match self.soft.serve_read(addr, len, rkey) {
+            Ok(data) => {
+                self.out.send(Outgoing::ReadResp { id, result: Ok(data), permit }).map_err(writer_gone)
+            }
+            Err(refused) => {
+                let death = Death::Closed(format!("refused the peer's READ ({refused}): connection closed"));
+                let status = wire::status_of(&refused);
+                self.out.send(Outgoing::ReadResp { id, result: Err(status), permit }).map_err(writer_gone)?;
+                self.out.send(Outgoing::Close { death: death.clone() }).map_err(writer_gone)?;
+                if !self.close_grace.is_zero() {
+                    tokio::time::sleep(self.close_grace).await;
+                }
+                Err(death)
+            }
+        }
     }
 
     /// A READ response: must answer one of our pending READs with exactly its length.
@@ -127,8 +153,11 @@ impl Reader {
             if len != 0 {
                 return Err(malformed("refused READ response carries data"));
             }
+            // The READ completes with its typed error first, then the connection closes (the
+            // peer closes its end too), as an RC QP that got a remote access error.
+            let death = Death::Closed(format!("READ refused by the peer ({err}): connection closed"));
             self.soft.complete_read(id, Err(err));
-            return Ok(());
+            return Err(death);
         }
         if len != remote.len {
             return Err(malformed(format!("READ response of {len} bytes for a READ of {}", remote.len)));

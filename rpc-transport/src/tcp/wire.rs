@@ -1,6 +1,7 @@
 //! The tcp backend's wire format. All integers are little-endian.
 //!
-//! Setup: each side sends a hello, then reads and validates the peer's:
+//! Setup: the connecting side sends its hello first; the accepting side reads and validates it,
+//! then answers with its own (see `handshake.rs`):
 //!
 //! ```text
 //! magic "RRPC" | version u16 | private_len u16 | recv_depth u32 | recv_size u32 | private_data
@@ -13,6 +14,9 @@
 //! 2 READ_REQ   id u64 | addr u64 | len u64 | rkey u32
 //! 3 READ_RESP  id u64 | status u8 | len u64             | len bytes (status OK only; else len 0)
 //! ```
+//!
+//! A READ_RESP with a non-OK status is the last frame its sender writes: it then closes the
+//! connection, and so does the receiver once it has completed the READ with its error.
 
 use crate::soft::check_sizes;
 use crate::{ConnParams, ReadError, RegionDesc};
@@ -195,7 +199,12 @@ mod tests {
 
     #[test]
     fn hello_round_trips_and_rejects_bad_values() {
-        let params = ConnParams { recv_depth: 8, recv_size: 4096, private_data: Bytes::from_static(b"hi") };
+        let params = ConnParams {
+            recv_depth: 8,
+            recv_size: 4096,
+            private_data: Bytes::from_static(b"hi"),
+            ..ConnParams::default()
+        };
         let hello = encode_hello(&params);
         let fixed: [u8; HELLO_FIXED] = hello[..HELLO_FIXED].try_into().unwrap();
         assert_eq!(decode_hello(&fixed), Ok(HelloHeader { recv_depth: 8, recv_size: 4096, private_len: 2 }));

@@ -19,12 +19,16 @@ pub(crate) enum Outgoing {
     /// The answer to the peer's READ: the region's bytes, or a refusal status. The permit is
     /// released once the response is written.
     ReadResp { id: u64, result: Result<Bytes, u8>, permit: OwnedSemaphorePermit },
+    /// Everything queued before this is written and flushed, then the endpoint dies with `death`
+    /// (after a refused READ: its refusal reaches the peer before the connection closes).
+    Close { death: Death },
 }
 
 /// Frames written per batch at most, so that completions of a long burst are not held back.
 const MAX_BATCH: usize = 256;
 
-/// Writes frames until the queue closes or a write fails; returns why it stopped.
+/// Writes frames until the queue closes, a write fails or a [`Outgoing::Close`] is written;
+/// returns why it stopped.
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
     w: &mut BufWriter<W>,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
@@ -32,32 +36,43 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
 ) -> Death {
     let mut written: Vec<OpId> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
-        if let Err(e) = write_batch(w, first, rx, &mut written).await {
-            return Death::Closed(format!("write failed: {e}"));
-        }
+        let closing = match write_batch(w, first, rx, &mut written).await {
+            Ok(closing) => closing,
+            Err(e) => return Death::Closed(format!("write failed: {e}")),
+        };
         soft.complete_sends_ok(&written);
         written.clear();
+        if let Some(death) = closing {
+            return death;
+        }
     }
     Death::Closed("connection dropped".into())
 }
 
-/// Writes `first` and whatever else is queued (up to [`MAX_BATCH`]), then flushes once.
+/// Writes `first` and whatever else is queued (up to [`MAX_BATCH`], or up to a `Close`), then
+/// flushes once. Returns the death of a `Close` it reached.
 async fn write_batch<W: AsyncWrite + Unpin>(
     w: &mut BufWriter<W>,
     first: Outgoing,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     written: &mut Vec<OpId>,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<Death>> {
     let mut next = Some(first);
     let mut count = 0;
+    let mut closing = None;
     while let Some(frame) = next.take() {
+        if let Outgoing::Close { death } = frame {
+            closing = Some(death);
+            break;
+        }
         write_frame(w, frame, written).await?;
         count += 1;
         if count < MAX_BATCH {
             next = rx.try_recv().ok();
         }
     }
-    w.flush().await
+    w.flush().await?;
+    Ok(closing)
 }
 
 async fn write_frame<W: AsyncWrite + Unpin>(
@@ -84,6 +99,8 @@ async fn write_frame<W: AsyncWrite + Unpin>(
             w.write_all(&wire::encode_read_resp(id, status, 0)).await?;
             drop(permit);
         }
+        // Handled by `write_batch`.
+        Outgoing::Close { .. } => {}
     }
     Ok(())
 }

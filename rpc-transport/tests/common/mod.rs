@@ -26,7 +26,7 @@ pub fn unique_name(prefix: &str) -> String {
 }
 
 pub fn params(recv_depth: u32, recv_size: u32) -> ConnParams {
-    ConnParams { recv_depth, recv_size, private_data: Bytes::new() }
+    ConnParams { recv_depth, recv_size, ..ConnParams::default() }
 }
 
 /// Awaits `fut`, failing the test if it takes longer than [`WAIT`].

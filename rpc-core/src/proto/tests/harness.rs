@@ -60,18 +60,25 @@ pub fn config(threshold: usize, depth: u32) -> ProtoConfig {
     ProtoConfig::default().eager_threshold(threshold).recv_depth(depth)
 }
 
-fn limits(cfg: &ProtoConfig) -> PeerLimits {
-    PeerLimits { recv_depth: cfg.recv_depth, recv_size: cfg.recv_size(), hello: cfg.hello() }
+pub fn limits(cfg: &ProtoConfig) -> PeerLimits {
+    PeerLimits {
+        recv_depth: cfg.recv_depth,
+        recv_size: cfg.recv_size(),
+        hello: cfg.hello(),
+        max_reads_in_flight: 16,
+        max_read_size: 1 << 30,
+    }
 }
 
 impl Pair {
     pub fn new(client_cfg: ProtoConfig, server_cfg: ProtoConfig) -> Pair {
+        let now = Instant::now();
         Pair {
-            client: ClientProto::new(&client_cfg, &limits(&server_cfg)),
-            server: ServerProto::new(&server_cfg, &limits(&client_cfg)),
+            client: ClientProto::new(&client_cfg, &limits(&server_cfg), now),
+            server: ServerProto::new(&server_cfg, &limits(&client_cfg), now),
             c: Side::new(client_cfg.recv_depth),
             s: Side::new(server_cfg.recv_depth),
-            now: Instant::now(),
+            now,
             client_events: Vec::new(),
             server_events: Vec::new(),
             hold_reads: false,
@@ -126,7 +133,7 @@ impl Pair {
         }
         while let Some(frame) = self.c.inbox.pop_front() {
             moved = true;
-            self.client.handle_recv(&frame).expect("client rejected a frame");
+            self.client.handle_recv(&frame, self.now).expect("client rejected a frame");
             self.c.posted += 1;
         }
         if !self.hold_reads {
@@ -161,8 +168,8 @@ impl Pair {
 
     pub fn advance(&mut self, d: Duration) {
         self.now += d;
-        self.client.handle_timeout(self.now);
-        self.server.handle_timeout(self.now);
+        self.client.handle_timeout(self.now).expect("client timeout fatal");
+        self.server.handle_timeout(self.now).expect("server timeout fatal");
         self.pump();
     }
 

@@ -67,7 +67,10 @@ fn role_violations_are_errors() {
     let mut p = Pair::with(1024, 16);
     let now = p.now;
     // A request sent to a client, a response sent to a server.
-    assert_eq!(p.client.handle_recv(&frame(request(1), b"")), Err(ProtoError::UnexpectedKind(Kind::Request)));
+    assert_eq!(
+        p.client.handle_recv(&frame(request(1), b""), p.now),
+        Err(ProtoError::UnexpectedKind(Kind::Request))
+    );
     let mut r = Header::new(Kind::Response);
     r.call_id = 1;
     assert_eq!(p.server.handle_recv(&frame(r, b""), now), Err(ProtoError::UnexpectedKind(Kind::Response)));
@@ -81,7 +84,7 @@ fn role_violations_are_errors() {
     // More credits than were ever granted.
     let mut c = Header::new(Kind::Credit);
     c.credits = 1000;
-    assert_eq!(p.client.handle_recv(&frame(c, b"")), Err(ProtoError::CreditOverflow));
+    assert_eq!(p.client.handle_recv(&frame(c, b""), p.now), Err(ProtoError::CreditOverflow));
 }
 
 #[test]
@@ -94,7 +97,7 @@ fn advertised_response_over_the_limit_fails_the_call_and_reports_done() {
     r.call_id = 1;
     r.flags = FLAG_RENDEZVOUS;
     let desc = rpc_transport::RegionDesc { addr: 0x1000, len: 1 << 40, rkey: 9 };
-    p.client.handle_recv(&frame(r, &encode_desc(&desc))).unwrap();
+    p.client.handle_recv(&frame(r, &encode_desc(&desc)), p.now).unwrap();
     let done = p.take_completions();
     assert_eq!(done[0].1, Err(CallFailure::TooLarge { len: 1 << 40, max: 4096 }));
     // The client tells the server it is done with that region (a credit frame with `done`).
@@ -124,7 +127,7 @@ proptest! {
         let mut p = Pair::with(1024, 16);
         let now = p.now;
         let _ = Header::decode(&bytes);
-        let _ = p.client.handle_recv(&bytes);
+        let _ = p.client.handle_recv(&bytes, p.now);
         let _ = p.server.handle_recv(&bytes, now);
         let _ = decode_desc(&bytes);
         let _ = WireError::decode(&bytes);
@@ -142,7 +145,7 @@ proptest! {
         let mut p = Pair::with(1024, 16);
         let now = p.now;
         let _ = p.server.handle_recv(&f, now);
-        let _ = p.client.handle_recv(&f);
+        let _ = p.client.handle_recv(&f, p.now);
         while p.server.poll_op().is_some() {}
         let _ = Bytes::new();
     }

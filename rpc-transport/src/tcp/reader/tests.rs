@@ -14,9 +14,11 @@ struct Harness {
 }
 
 fn harness(recv_depth: u32, recv_size: u32) -> Harness {
-    let soft = Soft::new(&ConnParams { recv_depth, recv_size, private_data: Bytes::new() });
+    let soft = Soft::new(&ConnParams { recv_depth, recv_size, ..ConnParams::default() });
     let (out, responses) = mpsc::unbounded_channel();
-    Harness { reader: Reader::new(soft.clone(), out, recv_size), soft, responses }
+    let mut reader = Reader::new(soft.clone(), out, recv_size);
+    reader.close_grace = std::time::Duration::ZERO;
+    Harness { reader, soft, responses }
 }
 
 fn run(h: &mut Harness, input: &[u8]) -> Death {
@@ -95,22 +97,68 @@ fn read_responses_must_match_the_pending_read() {
 
 #[test]
 fn read_requests_are_served_or_refused_without_data() {
-    let mut h = harness(1, 16);
-    let desc = h.soft.register(Bytes::from_static(b"secret-region"));
-    let mut input = wire::encode_read_req(1, desc.addr, 6, desc.rkey).to_vec();
-    input.extend(wire::encode_read_req(2, desc.addr, 6, desc.rkey ^ 1));
-    input.extend(wire::encode_read_req(3, desc.addr - 1, 6, desc.rkey));
-    input.extend(wire::encode_read_req(4, desc.addr, u64::MAX, desc.rkey));
-    run(&mut h, &input);
-    let mut answers = Vec::new();
-    while let Ok(Outgoing::ReadResp { id, result, .. }) = h.responses.try_recv() {
-        answers.push((id, result));
+    type Frame = fn(RegionDesc) -> [u8; 29];
+    let refusals: [(&str, Frame); 3] = [
+        ("wrong key", |d: RegionDesc| wire::encode_read_req(2, d.addr, 6, d.rkey ^ 1)),
+        ("below the region", |d: RegionDesc| wire::encode_read_req(2, d.addr - 1, 6, d.rkey)),
+        ("past the end", |d: RegionDesc| wire::encode_read_req(2, d.addr, u64::MAX, d.rkey)),
+    ];
+    for (what, refused) in refusals {
+        let mut h = harness(1, 16);
+        let desc = h.soft.register(Bytes::from_static(b"secret-region"));
+        let mut input = wire::encode_read_req(1, desc.addr, 6, desc.rkey).to_vec();
+        input.extend(refused(desc));
+        // Never read: the connection closes at the refusal, as on verbs.
+        input.extend(wire::encode_read_req(3, desc.addr, 6, desc.rkey));
+        input.extend(send_frame(b"after"));
+        let death = run(&mut h, &input);
+        assert!(
+            matches!(&death, Death::Closed(r) if r.contains("refused the peer's READ")),
+            "{what}: {death:?}"
+        );
+        let mut queued = Vec::new();
+        while let Ok(frame) = h.responses.try_recv() {
+            queued.push(frame);
+        }
+        assert!(
+            matches!(
+                &queued[..],
+                [
+                    Outgoing::ReadResp { id: 1, result: Ok(data), .. },
+                    Outgoing::ReadResp { id: 2, result: Err(_), .. },
+                    Outgoing::Close { .. },
+                ] if data[..] == b"secret"[..]
+            ),
+            "{what}: {queued:?}"
+        );
+        let c = h.soft.counters();
+        assert_eq!((c.reads_served, c.reads_refused, c.recvs), (1, 1, 0), "{what}");
     }
-    assert_eq!(answers.len(), 4);
-    assert_eq!(answers[0], (1, Ok(Bytes::from_static(b"secret"))));
-    assert!(answers[1..].iter().all(|(_, r)| r.is_err()), "{answers:?}");
-    assert_eq!(h.soft.counters().reads_served, 1);
-    assert_eq!(h.soft.counters().reads_refused, 3);
+}
+
+#[test]
+fn a_refused_read_completes_with_its_error_then_closes() {
+    let mut h = harness(1, 16);
+    let remote = RegionDesc { addr: 0x100, len: 4, rkey: 9 };
+    let refused = h.soft.begin_read(7, remote, vec![0; 4]).unwrap();
+    let _other = h.soft.begin_read(8, remote, vec![0; 4]).unwrap();
+    let mut input = wire::encode_read_resp(refused, 1, 0).to_vec();
+    input.extend(send_frame(b"never delivered"));
+    let death = run(&mut h, &input);
+    assert!(matches!(&death, Death::Closed(r) if r.contains("READ refused by the peer")), "{death:?}");
+    h.soft.fail(death);
+    let (done, end) = completions(&h.soft);
+    assert!(
+        matches!(
+            &done[..],
+            [
+                Completion::Read { wr_id: 7, result: Err(crate::ReadError::InvalidKey(9)) },
+                Completion::Read { wr_id: 8, result: Err(crate::ReadError::Flushed) },
+            ]
+        ),
+        "{done:?}"
+    );
+    assert!(matches!(end, Poll::Ready(Err(TransportError::Disconnected(_)))), "{end:?}");
 }
 
 #[test]

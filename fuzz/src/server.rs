@@ -1,0 +1,146 @@
+//! The server end fed arbitrary frames from the client, completions and handler results.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use arbitrary::{Arbitrary, Unstructured};
+use rpc_core::proto::{Kind, ServerEvent, ServerProto, WireError, WireErrorCode};
+
+use crate::input::{payload, Reply, ServerStep, Setup};
+use crate::setup::{config, peer};
+use crate::tracker::Tracker;
+
+/// Decodes `data` as a setup and steps, and runs them.
+pub fn run(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok(setup) = Setup::arbitrary(&mut u) else { return };
+    let steps = std::iter::from_fn(|| if u.is_empty() { None } else { ServerStep::arbitrary(&mut u).ok() });
+    run_steps(&setup, steps);
+}
+
+/// Runs `steps` against a server end set up as `setup` says, checking every invariant.
+pub fn run_steps(setup: &Setup, steps: impl IntoIterator<Item = ServerStep>) {
+    let mut h = Harness::new(setup);
+    for step in steps {
+        if !h.step(step) {
+            return; // the connection died: closing it releases every region
+        }
+        h.drain();
+    }
+    h.finish();
+}
+
+struct Harness {
+    proto: ServerProto,
+    ops: Tracker,
+    now: Instant,
+    /// Calls whose handler runs: a Request event came, and no Cancel nor response since.
+    running: BTreeSet<u64>,
+}
+
+impl Harness {
+    fn new(setup: &Setup) -> Harness {
+        let cfg = config(setup);
+        let peer = peer(setup);
+        Harness {
+            proto: ServerProto::new(&cfg, &peer),
+            ops: Tracker::new(&[Kind::Response, Kind::Credit], peer, cfg.max_message_size),
+            now: Instant::now(),
+            running: BTreeSet::new(),
+        }
+    }
+
+    fn step(&mut self, step: ServerStep) -> bool {
+        match step {
+            ServerStep::Recv(frame) => return self.deliver(&frame.encode()),
+            ServerStep::RecvRaw(bytes) => return self.deliver(&bytes.0),
+            ServerStep::Respond { pick, reply } => {
+                let id = match self.running.iter().nth(usize::from(pick) % self.running.len().max(1)) {
+                    Some(&id) if pick < 128 => id,
+                    _ => u64::from(pick & 0x7f),
+                };
+                let result = match reply {
+                    Reply::Ok(len) => Ok(payload(usize::from(len))),
+                    Reply::Err { code, len } => {
+                        Err(WireError::new(WireErrorCode::Other(code), "e".repeat(usize::from(len))))
+                    }
+                };
+                let expected = self.running.remove(&id);
+                assert_eq!(self.proto.respond(id, result), expected, "respond({id}) disagrees on whether it runs");
+            }
+            ServerStep::Registered { pick, ok } => {
+                if let Some((call_id, result)) = self.ops.take_register(pick, ok) {
+                    self.proto.handle_registered(call_id, result);
+                }
+            }
+            ServerStep::ReadDone { pick, outcome } => {
+                if let Some((wr_id, result)) = self.ops.take_read(pick, outcome) {
+                    self.proto.handle_read_complete(wr_id, result);
+                }
+            }
+            ServerStep::SendDone { pick, ok } => {
+                if let Some((wr_id, result)) = self.ops.take_send(pick, ok) {
+                    if self.proto.handle_send_complete(wr_id, result).is_err() {
+                        return self.die();
+                    }
+                }
+            }
+            ServerStep::Advance(ms) => self.advance(Duration::from_millis(u64::from(ms))),
+            ServerStep::AdvanceSecs(s) => self.advance(Duration::from_secs(u64::from(s))),
+            ServerStep::Shutdown => self.proto.begin_shutdown(),
+        }
+        true
+    }
+
+    fn deliver(&mut self, frame: &[u8]) -> bool {
+        match self.proto.handle_recv(frame, self.now) {
+            Ok(()) => {
+                self.ops.on_received(frame);
+                true
+            }
+            Err(_) => self.die(),
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.proto.handle_timeout(self.now);
+    }
+
+    fn drain(&mut self) {
+        if self.proto.poll_timeout().is_some_and(|at| at <= self.now) {
+            self.proto.handle_timeout(self.now);
+        }
+        if let Some(at) = self.proto.poll_timeout() {
+            assert!(at > self.now, "a timer still due after handle_timeout: the driver would spin");
+        }
+        while let Some(op) = self.proto.poll_op() {
+            self.ops.on_op(op);
+        }
+        while let Some(event) = self.proto.poll_event() {
+            match event {
+                ServerEvent::Request { call_id, .. } => {
+                    assert!(self.running.insert(call_id), "a second Request event for running call {call_id}")
+                }
+                ServerEvent::Cancel { call_id, .. } => {
+                    self.running.remove(&call_id);
+                }
+            }
+        }
+        assert!(self.proto.calls_in_flight() >= self.running.len(), "running handlers not counted in flight");
+    }
+
+    fn die(&mut self) -> bool {
+        self.proto.fail_all();
+        self.running.clear();
+        self.drain();
+        assert_eq!(self.proto.calls_in_flight(), 0, "calls left after the connection died");
+        false
+    }
+
+    fn finish(mut self) {
+        self.drain();
+        self.ops.check_no_region_left(self.proto.calls_in_flight());
+        self.die();
+    }
+}

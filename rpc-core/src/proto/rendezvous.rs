@@ -1,0 +1,198 @@
+//! The rendezvous bookkeeping both roles share: READs we issue (queued for budget and READ
+//! depth, then in flight) and regions we advertised (until the peer reports its READ done).
+//!
+//! Revocation rule: a region is revoked only when the peer can no longer be READing it: its done
+//! report, the death of the connection, or the done timeout (which also closes the connection,
+//! since a READ with a revoked key would break it anyway). A READ we issued stays in flight, and
+//! counted in the budget, until its completion returns, even if its call was cancelled; only then
+//! is the peer told we are done.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use rpc_transport::{RKey, RegionDesc, WrId};
+
+use super::budget::Budget;
+use super::deadlines::DeadlineQueue;
+use super::error::ProtoError;
+use super::link::Op;
+use super::stats::ProtoStats;
+
+#[derive(Debug)]
+struct InFlight {
+    call_id: u64,
+    len: u64,
+    expires: Option<Instant>,
+    /// The call was cancelled or expired meanwhile: drop the data, report done.
+    abandoned: bool,
+}
+
+#[derive(Debug)]
+struct Advertised {
+    rkey: RKey,
+    len: u64,
+    expires: Option<Instant>,
+}
+
+/// What happened to a call's READ when the call was abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AbandonedRead {
+    /// It had not been issued: the peer may be told at once that we will not READ.
+    WasQueued,
+    /// It is in flight: the peer is told when its completion returns.
+    InFlight,
+    /// The call had no READ.
+    None,
+}
+
+/// A completed READ, as the owning role must see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadDone {
+    pub call_id: u64,
+    /// The call was abandoned meanwhile: report done, drop the data.
+    pub abandoned: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Rendezvous {
+    pub budget: Budget,
+    max_reads: usize,
+    read_timeout: Duration,
+    done_timeout: Duration,
+    queued: VecDeque<(u64, RegionDesc)>,
+    in_flight: HashMap<WrId, InFlight>,
+    next_read_wr: WrId,
+    advertised: HashMap<u64, Advertised>,
+    read_deadlines: DeadlineQueue,
+    done_deadlines: DeadlineQueue,
+}
+
+impl Rendezvous {
+    pub fn new(budget: Budget, max_reads: u32, read_timeout: Duration, done_timeout: Duration) -> Self {
+        Rendezvous {
+            budget,
+            max_reads: max_reads.max(1) as usize,
+            read_timeout,
+            done_timeout,
+            queued: VecDeque::new(),
+            in_flight: HashMap::new(),
+            next_read_wr: 1,
+            advertised: HashMap::new(),
+            read_deadlines: DeadlineQueue::default(),
+            done_deadlines: DeadlineQueue::default(),
+        }
+    }
+
+    /// Queues a READ of the peer's region for `call_id`; it is issued by [`Rendezvous::issue`].
+    pub fn queue_read(&mut self, call_id: u64, remote: RegionDesc) {
+        self.queued.push_back((call_id, remote));
+    }
+
+    /// Issues queued READs, in order, while READ depth and budget allow.
+    pub fn issue(&mut self, now: Instant, ops: &mut VecDeque<Op>, stats: &mut ProtoStats) {
+        while self.in_flight.len() < self.max_reads {
+            let Some(&(call_id, remote)) = self.queued.front() else { break };
+            if !self.budget.try_reserve(remote.len) {
+                stats.budget_waits += 1;
+                break;
+            }
+            self.queued.pop_front();
+            let wr_id = self.next_read_wr;
+            self.next_read_wr += 1;
+            let expires = now.checked_add(self.read_timeout);
+            if let Some(at) = expires {
+                self.read_deadlines.push(at, wr_id);
+            }
+            self.in_flight.insert(wr_id, InFlight { call_id, len: remote.len, expires, abandoned: false });
+            stats.reads_issued += 1;
+            ops.push_back(Op::Read { wr_id, remote });
+        }
+        self.note(stats);
+    }
+
+    /// The call's READ will not be used: forget it if queued, mark it if in flight.
+    pub fn abandon_read(&mut self, call_id: u64) -> AbandonedRead {
+        if let Some(i) = self.queued.iter().position(|(id, _)| *id == call_id) {
+            self.queued.remove(i);
+            return AbandonedRead::WasQueued;
+        }
+        match self.in_flight.values_mut().find(|r| r.call_id == call_id && !r.abandoned) {
+            Some(read) => {
+                read.abandoned = true;
+                AbandonedRead::InFlight
+            }
+            None => AbandonedRead::None,
+        }
+    }
+
+    /// A READ completion: releases its budget. `None` for an id we never issued.
+    pub fn read_complete(&mut self, wr_id: WrId) -> Option<ReadDone> {
+        let read = self.in_flight.remove(&wr_id)?;
+        self.budget.release(read.len);
+        Some(ReadDone { call_id: read.call_id, abandoned: read.abandoned })
+    }
+
+    /// Our region for `call_id` was registered and is about to be advertised.
+    pub fn advertise(&mut self, call_id: u64, desc: &RegionDesc, now: Instant, stats: &mut ProtoStats) {
+        let expires = now.checked_add(self.done_timeout);
+        if let Some(at) = expires {
+            self.done_deadlines.push(at, call_id);
+        }
+        self.budget.force_reserve(desc.len);
+        self.advertised.insert(call_id, Advertised { rkey: desc.rkey, len: desc.len, expires });
+        self.note(stats);
+    }
+
+    /// The peer reported its READ of our region for `call_id` done: the key to revoke.
+    pub fn done(&mut self, call_id: u64) -> Option<RKey> {
+        let region = self.advertised.remove(&call_id)?;
+        self.budget.release(region.len);
+        Some(region.rkey)
+    }
+
+    /// Whether `call_id` still has a region advertised or a READ in flight (its id is not
+    /// free for a new call yet).
+    pub fn busy(&self, call_id: u64) -> bool {
+        self.advertised.contains_key(&call_id) || self.in_flight.values().any(|r| r.call_id == call_id)
+    }
+
+    /// Regions advertised and not yet reported done.
+    pub fn advertised(&self) -> usize {
+        self.advertised.len()
+    }
+
+    /// The earliest READ or done deadline.
+    pub fn next_timeout(&mut self) -> Option<Instant> {
+        let (reads, dones) = (&self.in_flight, &self.advertised);
+        let read = self.read_deadlines.next(|id, at| reads.get(&id).is_some_and(|r| r.expires == Some(at)));
+        let done = self.done_deadlines.next(|id, at| dones.get(&id).is_some_and(|r| r.expires == Some(at)));
+        read.into_iter().chain(done).min()
+    }
+
+    /// A READ or a done report overdue is fatal for the connection.
+    pub fn check(&mut self, now: Instant, stats: &mut ProtoStats) -> Result<(), ProtoError> {
+        for (wr_id, at) in self.read_deadlines.expired(now) {
+            if let Some(read) = self.in_flight.get(&wr_id).filter(|r| r.expires == Some(at)) {
+                stats.read_timeouts += 1;
+                return Err(ProtoError::ReadTimeout { call_id: read.call_id, timeout: self.read_timeout });
+            }
+        }
+        for (call_id, at) in self.done_deadlines.expired(now) {
+            if self.advertised.get(&call_id).is_some_and(|r| r.expires == Some(at)) {
+                stats.done_timeouts += 1;
+                return Err(ProtoError::DoneTimeout { call_id, timeout: self.done_timeout });
+            }
+        }
+        Ok(())
+    }
+
+    fn note(&self, stats: &mut ProtoStats) {
+        stats.rendezvous_bytes_held = self.budget.held();
+        stats.rendezvous_bytes_peak = self.budget.peak();
+    }
+
+    /// Refreshes the budget figures in `stats`.
+    pub fn update_stats(&self, stats: &mut ProtoStats) {
+        self.note(stats);
+    }
+}

@@ -1,0 +1,75 @@
+//! Server-side limits over mem and tcp: handler slots shared fairly between connections, the
+//! connection cap, and counters that keep nothing per closed connection.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{eventually, setup_with, EchoClient};
+use rpc_core::{CallError, CallOptions, Client, ClientConfig, ServerConfig};
+
+over_all_transports! {
+    async fn one_client_cannot_take_every_handler_slot(kind: Kind) {
+        let server_cfg = ServerConfig::default()
+            .proto(common::proto())
+            .max_concurrent_handlers(8)
+            .max_handlers_per_connection(4);
+        let s = setup_with(kind, server_cfg, ClientConfig::default().proto(common::proto())).await;
+        // The greedy client: 40 slow calls at once.
+        let greedy: Vec<_> = (0..40).map(|_| {
+            let c = s.client.clone();
+            tokio::spawn(async move { c.slow(1_500).await })
+        }).collect();
+        eventually("the greedy client's share is running", || s.probe.slow_started.load(Ordering::SeqCst) == 4).await;
+        let r = s.server.resources();
+        assert_eq!(r.handlers_running, 4, "one connection runs at most its share");
+        assert!(r.requests_waiting > 0, "the rest wait without a task");
+        // Another client is served at once, although 36 requests wait ahead of it.
+        let other = EchoClient::new(Client::connect(&s.addr, ClientConfig::default().proto(common::proto())).await.unwrap());
+        let started = tokio::time::Instant::now();
+        assert_eq!(other.echo(Bytes::from_static(b"hi")).await.unwrap(), Bytes::from_static(b"hi"));
+        assert!(started.elapsed() < Duration::from_millis(1_500), "served before the greedy calls finished");
+        assert!(s.server.resources().handlers_running <= 8);
+        for g in greedy {
+            assert_eq!(g.await.unwrap(), Ok(1_500));
+        }
+        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 40);
+        eventually("no request waits", || s.server.resources().requests_waiting == 0).await;
+    }
+
+    async fn connections_beyond_the_cap_wait_until_one_closes(kind: Kind) {
+        let server_cfg = ServerConfig::default().proto(common::proto()).max_connections(2);
+        let s = setup_with(kind, server_cfg, ClientConfig::default().proto(common::proto())).await;
+        let cfg = || ClientConfig::default().proto(common::proto());
+        let second = EchoClient::new(Client::connect(&s.addr, cfg()).await.unwrap());
+        assert_eq!(second.echo(Bytes::from_static(b"2")).await.unwrap(), Bytes::from_static(b"2"));
+        assert_eq!(s.server.resources().open_connections, 2);
+        // A third connection is not taken while two are open: its call is not served.
+        let third = match tokio::time::timeout(Duration::from_secs(2), Client::connect(&s.addr, cfg())).await {
+            Ok(Ok(c)) => EchoClient::new(c),
+            // A transport that hands out connections only as they are accepted makes connect wait.
+            _ => return assert_eq!(s.server.resources().open_connections, 2),
+        };
+        let quick = third.with_options(CallOptions::new().deadline(Duration::from_millis(300)));
+        assert_eq!(quick.echo(Bytes::from_static(b"3")).await, Err(CallError::DeadlineExceeded));
+        assert_eq!(s.server.resources().open_connections, 2);
+
+        // Once one closes, the waiting connection is taken and served.
+        drop(second);
+        assert_eq!(third.echo(Bytes::from_static(b"3")).await.unwrap(), Bytes::from_static(b"3"));
+        assert_eq!(s.server.resources().open_connections, 2);
+    }
+
+    async fn closed_connections_are_folded_into_the_totals(kind: Kind) {
+        let s = setup_with(kind, ServerConfig::default().proto(common::proto()), ClientConfig::default().proto(common::proto())).await;
+        for _ in 0..20 {
+            let c = EchoClient::new(Client::connect(&s.addr, ClientConfig::default().proto(common::proto())).await.unwrap());
+            c.echo(Bytes::from_static(b"x")).await.unwrap();
+        }
+        eventually("only the setup's connection is open", || s.server.resources().open_connections == 1).await;
+        eventually("every call counted", || s.server.stats().proto.calls_completed == 20).await;
+        assert_eq!(s.server.resources().rendezvous_bytes_held, 0);
+    }
+}

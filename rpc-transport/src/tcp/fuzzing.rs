@@ -1,0 +1,207 @@
+//! The tcp wire format and reader, driven over in-memory bytes for the fuzz targets (re-exported
+//! by [`crate::fuzzing`]).
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::reader::Reader;
+use super::wire;
+use super::writer::Outgoing;
+use crate::soft::{Death, Soft};
+use crate::{Completion, ConnParams, RegionDesc, TransportCounters};
+
+/// Bytes of the tcp hello before the private data.
+pub const TCP_HELLO_FIXED: usize = wire::HELLO_FIXED;
+/// The READ_RESP status of a served READ.
+pub const TCP_STATUS_OK: u8 = wire::STATUS_OK;
+
+/// What the fixed part of a tcp hello announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpHello {
+    /// Receives the peer posted.
+    pub recv_depth: u32,
+    /// The peer's receive buffer size.
+    pub recv_size: u32,
+    /// Bytes of private data that follow.
+    pub private_len: usize,
+}
+
+/// Validates the fixed part of a peer's tcp hello.
+pub fn tcp_decode_hello(fixed: &[u8; TCP_HELLO_FIXED]) -> Result<TcpHello, String> {
+    wire::decode_hello(fixed).map(|h| TcpHello {
+        recv_depth: h.recv_depth,
+        recv_size: h.recv_size,
+        private_len: h.private_len,
+    })
+}
+
+/// Our tcp hello for these parameters, private data included.
+pub fn tcp_encode_hello(recv_depth: u32, recv_size: u32, private_data: &[u8]) -> Vec<u8> {
+    let params = ConnParams {
+        recv_depth,
+        recv_size,
+        private_data: Bytes::copy_from_slice(private_data),
+        ..ConnParams::default()
+    };
+    wire::encode_hello(&params)
+}
+
+/// The fixed header of a tcp frame (a public mirror of the reader's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpFrame {
+    /// A SEND of `len` bytes (which follow on the wire).
+    Send {
+        /// Payload length.
+        len: u32,
+    },
+    /// A READ request.
+    ReadReq {
+        /// Request id, echoed in the response.
+        id: u64,
+        /// First byte.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// A READ response (`len` bytes follow when `status` is OK).
+    ReadResp {
+        /// The request's id.
+        id: u64,
+        /// [`TCP_STATUS_OK`] or a refusal.
+        status: u8,
+        /// Payload length.
+        len: u64,
+    },
+}
+
+impl TcpFrame {
+    /// Type byte and fixed header, as on the wire.
+    pub fn encode(&self) -> Vec<u8> {
+        match *self {
+            TcpFrame::Send { len } => wire::encode_send(len).to_vec(),
+            TcpFrame::ReadReq { id, addr, len, rkey } => wire::encode_read_req(id, addr, len, rkey).to_vec(),
+            TcpFrame::ReadResp { id, status, len } => wire::encode_read_resp(id, status, len).to_vec(),
+        }
+    }
+
+    /// How many header bytes follow type byte `ty`; `None` for an unknown type.
+    pub fn header_len(ty: u8) -> Option<usize> {
+        wire::header_len(ty)
+    }
+
+    /// Parses the fixed header of type `ty` from `body`.
+    pub fn decode(ty: u8, body: &[u8]) -> Option<TcpFrame> {
+        Some(match wire::decode_header(ty, body)? {
+            wire::Header::Send { len } => TcpFrame::Send { len },
+            wire::Header::ReadReq { id, addr, len, rkey } => TcpFrame::ReadReq { id, addr, len, rkey },
+            wire::Header::ReadResp { id, status, len } => TcpFrame::ReadResp { id, status, len },
+        })
+    }
+}
+
+/// A tcp endpoint whose reader is fed from memory: receives posted, one region registered, some
+/// READs of ours pending, as when a real connection's reader task runs.
+#[derive(Debug)]
+pub struct TcpReaderHarness {
+    soft: Arc<Soft>,
+    recv_size: u32,
+    region: Option<RegionDesc>,
+    /// (wire id, wr_id, length) of each READ of ours.
+    reads: Vec<(u64, u64, u64)>,
+}
+
+/// What a run of the reader left behind.
+#[derive(Debug, Clone, Default)]
+pub struct TcpReaderRun {
+    /// Why the reader stopped, when the peer broke the framing (`None`: the stream ended).
+    pub malformed: Option<String>,
+    /// Length of each receive completion, in order.
+    pub recvs: Vec<usize>,
+    /// Each READ completion of ours: `(wr_id, Ok(filled length) or Err(error))`.
+    pub reads: Vec<(u64, Result<usize, String>)>,
+    /// Each READ answer queued for the writer: `(id, Ok(length served) or Err(refusal status))`.
+    pub responses: Vec<(u64, Result<usize, u8>)>,
+    /// The endpoint's counters at the end.
+    pub counters: TransportCounters,
+}
+
+impl TcpReaderHarness {
+    /// `recv_depth` receives of `recv_size` bytes, `region` registered (if not empty), and one
+    /// pending READ of ours per entry of `read_lens` (wr_id = 1000 + index). The receive buffers
+    /// and READ destinations are allocated: the caller keeps the sizes small.
+    pub fn new(recv_depth: u32, recv_size: u32, region: &[u8], read_lens: &[u64]) -> TcpReaderHarness {
+        let params = ConnParams { recv_depth, recv_size, ..ConnParams::default() };
+        let soft = Soft::new(&params);
+        let region = (!region.is_empty()).then(|| soft.register(Bytes::copy_from_slice(region)));
+        let mut reads = Vec::new();
+        for (i, &len) in read_lens.iter().enumerate() {
+            let wr_id = 1000 + i as u64;
+            let remote = RegionDesc { addr: 0x1000 * (i as u64 + 1), len, rkey: i as u32 + 1 };
+            if let Ok(id) = soft.begin_read(wr_id, remote, vec![0; len as usize]) {
+                reads.push((id, wr_id, len));
+            }
+        }
+        TcpReaderHarness { soft, recv_size, region, reads }
+    }
+
+    /// The registered region, for READ requests that should be served.
+    pub fn region(&self) -> Option<RegionDesc> {
+        self.region
+    }
+
+    /// `(wire id, length)` of each pending READ of ours, for responses that should match.
+    pub fn pending_reads(&self) -> Vec<(u64, u64)> {
+        self.reads.iter().map(|&(id, _, len)| (id, len)).collect()
+    }
+
+    /// Runs the reader over `stream` until it ends or the framing breaks, fails the endpoint
+    /// with that reason (as the tcp backend does), and collects every completion.
+    pub fn run(self, stream: &[u8]) -> TcpReaderRun {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("current-thread runtime");
+        let (out, mut rx) = mpsc::unbounded_channel();
+        let mut reader = Reader::new(self.soft.clone(), out, self.recv_size);
+        let (death, responses) = rt.block_on(async move {
+            // Plays the writer: takes each READ answer (releasing its permit).
+            let writer = tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while let Some(o) = rx.recv().await {
+                    if let Outgoing::ReadResp { id, result, .. } = o {
+                        answers.push((id, result.map(|b| b.len())));
+                    }
+                }
+                answers
+            });
+            let mut r = stream;
+            let death = reader.run(&mut r).await;
+            drop(reader);
+            (death, writer.await.unwrap_or_default())
+        });
+        self.soft.fail(death.clone());
+        let mut run = TcpReaderRun { responses, ..TcpReaderRun::default() };
+        if let Death::Malformed(why) = death {
+            run.malformed = Some(why);
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut done = Vec::new();
+        while let Poll::Ready(Ok(())) = self.soft.poll_completions(&mut cx, &mut done, 64) {}
+        for c in done {
+            match c {
+                Completion::Recv { buf } => run.recvs.push(buf.bytes().len()),
+                Completion::Read { wr_id, result } => {
+                    run.reads.push((wr_id, result.map(|v| v.len()).map_err(|e| e.to_string())))
+                }
+                _ => {}
+            }
+        }
+        run.counters = self.soft.counters();
+        run
+    }
+}
