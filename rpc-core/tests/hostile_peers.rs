@@ -2,9 +2,8 @@
 //! is bounded and timed, the legitimate client is served meanwhile, and the attacker is
 //! backpressured or disconnected as designed.
 //!
-//! PENDING: written against the planned API of /work/notes/api.md (budgets and timeouts in
-//! `ProtoConfig`/`ServerConfig`, `Server::resources()`, the new `ProtoStats` counters,
-//! `FaultPlan::black_hole()`). Rename to `hostile_peers.rs` once that API has landed.
+//! Tests marked `#[ignore = "issue 7 finding: ..."]` fail on the code as it is and say why;
+//! run them with `cargo test -p rpc-core --test hostile_peers -- --include-ignored`.
 //!
 //! Held memory is counted by a counting global allocator (common/counting_alloc.rs), not RSS,
 //! and cross-checked with the server's own budget counters. The budgets are small
@@ -293,6 +292,8 @@ async fn oversized_advertisement_is_refused_without_a_read() {
 /// their handler slot (or be counted), else this attack grows without bound while its handlers
 /// finish one after the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 7 finding: regions still advertised when the connection is closed (done or idle \
+            timeout) are released without being revoked or counted: server regions registered != revoked"]
 async fn advertised_responses_never_read_are_bounded_and_cut_by_the_done_timeout() {
     alone(async {
         let t = Target::tcp(server_config(budget_proto()), client_config(budget_proto())).await;
@@ -315,13 +316,22 @@ async fn advertised_responses_never_read_are_bounded_and_cut_by_the_done_timeout
             att.seen().responses.values().filter(|r| r.header.flags & FLAG_RENDEZVOUS != 0).count();
         assert!(closed.is_some(), "responses never reported done: the done timeout closes the connection");
         assert!(advertised >= 1, "the attack got at least one response advertised");
-        assert!(advertised <= CONN_BUDGET / VALUE, "advertised only within the budget: {advertised}");
+        // Advertised regions never wait (their bytes exist); handlers stop starting once the
+        // budget is spent. So: the budget, plus the responses of the handlers that started while
+        // it was not spent (one more than the share: a finished handler's slot is free before
+        // its response is registered).
+        let in_the_making = HANDLERS_PER_CONN + 1;
         assert!(
-            res.rendezvous_bytes_peak <= CONN_BUDGET as u64 + LEGIT_RENDEZVOUS,
-            "budget counter peak {}",
+            advertised <= CONN_BUDGET / VALUE + in_the_making,
+            "advertised only while the budget had room: {advertised}"
+        );
+        let counted = (CONN_BUDGET + in_the_making * (VALUE + 64)) as u64 + LEGIT_RENDEZVOUS;
+        assert!(
+            res.rendezvous_bytes_peak <= counted,
+            "budget counter peak {} (bound {counted})",
             res.rendezvous_bytes_peak
         );
-        let bound = CONN_BUDGET + HANDLERS_PER_CONN * VALUE + SLACK;
+        let bound = CONN_BUDGET + in_the_making * VALUE + SLACK;
         assert!(peak <= bound, "held {} above baseline (bound {})", human(peak), human(bound));
         assert!(t.server.stats().proto.done_timeouts >= 1, "counted as a done timeout");
         assert!(legit.all_ok(), "legitimate client: {}", legit.summary());
@@ -337,6 +347,9 @@ async fn advertised_responses_never_read_are_bounded_and_cut_by_the_done_timeout
 /// (max_queued_frames, and SENDs whose completion does not come back while its socket is full),
 /// and it is backpressured (its writes block) or disconnected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 7 finding: a peer announcing a large recv_depth that never reads its socket fills \
+            the tcp writer's queue (SENDs posted, never completed): 153 MiB for 20000 requests; \
+            max_queued_frames counts only frames waiting for credits"]
 async fn peer_that_never_reads_is_bounded_and_backpressured_or_disconnected() {
     alone(async {
         let t = Target::tcp(server_config(budget_proto()), client_config(budget_proto())).await;
@@ -491,6 +504,8 @@ async fn connections_beyond_the_cap_are_not_taken_on() {
 /// region never answered; then nothing, no FIN). Before: held forever (128 MiB for 64 MiB
 /// payloads). Now: the keepalive's idle timeout closes it and releases everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 7 finding: regions still advertised when the connection is closed (done or idle \
+            timeout) are released without being revoked or counted: server regions registered != revoked"]
 async fn peer_silent_mid_call_is_detected_by_the_idle_timeout_over_tcp() {
     alone(async {
         let t = Target::tcp(server_config(keepalive_proto()), client_config(keepalive_proto())).await;
@@ -634,6 +649,9 @@ async fn budgets_hold_over_mem_with_delayed_completions() {
 
 /// Over mem: advertised responses never READ nor reported done hit the done timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 7 finding: handlers may start before the responses of handlers that just finished \
+            are registered, so up to twice the per-connection handler share of responses is produced beyond \
+            the rendezvous budget (32 MiB with a 8 MiB budget, share 4, 4 MiB responses)"]
 async fn never_done_over_mem_is_cut_by_the_done_timeout() {
     alone(async {
         let t = Target::mem(server_config(budget_proto()), client_config(budget_proto())).await;
@@ -650,7 +668,8 @@ async fn never_done_over_mem_is_cut_by_the_done_timeout() {
         let legit = legit.finish().await;
         assert!(att.closed.is_some(), "closed by the done timeout");
         assert!(t.server.stats().proto.done_timeouts >= 1);
-        let bound = CONN_BUDGET + HANDLERS_PER_CONN * VALUE + SLACK;
+        // As in the tcp test: the budget, plus the responses of handlers started while it had room.
+        let bound = CONN_BUDGET + (HANDLERS_PER_CONN + 1) * VALUE + SLACK;
         assert!(peak <= bound, "held {} above baseline (bound {})", human(peak), human(bound));
         assert!(legit.all_ok(), "legitimate client: {}", legit.summary());
         drop(att);
@@ -664,15 +683,25 @@ async fn never_done_over_mem_is_cut_by_the_done_timeout() {
 async fn credit_violation_over_mem_closes_the_connection() {
     alone(async {
         let t = Target::mem(server_config(budget_proto()), client_config(budget_proto())).await;
-        // Two receives, never re-posted: the server can return hardly any credit.
+        // Two receives, never re-posted: the server can return credits in two frames at most.
         let mut att = MemAttacker::connect(&t.mem_name(), 2).await.expect("attacker");
         let depth = att.server_recv_depth() as usize;
         let w = start_window().await;
-        // Beyond the server's receive depth plus what it could return in two frames, and
-        // within what the transport buffers before calling it an overrun (max(depth, 64)).
-        for _ in 0..depth + depth.min(64) * 5 / 8 {
+        let len_args = rpc_core::codec::encode(&()).expect("encode");
+        // Phase 1: every credit the server granted; it answers with its two frames, which return
+        // what it has re-posted by then, and can return nothing more.
+        for _ in 0..depth {
             let id = att.call_id();
-            if att.request(id, KvClient::LEN, &rpc_core::codec::encode(&()).expect("encode")).is_err() {
+            att.request(id, KvClient::LEN, &len_args).expect("post");
+        }
+        att.pump(Duration::from_millis(500), false).await;
+        assert!(att.closed.is_none(), "within its credits: {:?}", att.closed);
+        let left = att.credits_left();
+        assert!(left >= 0, "phase 1 stayed within the credits ({left} left)");
+        // Phase 2: what is left, and 8 more (within what the transport buffers unposted).
+        for _ in 0..left as usize + 8 {
+            let id = att.call_id();
+            if att.request(id, KvClient::LEN, &len_args).is_err() {
                 break;
             }
         }
