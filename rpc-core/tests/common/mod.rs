@@ -2,6 +2,12 @@
 //! default transport (`mem` and `tcp`).
 #![allow(dead_code)]
 
+pub mod attacker;
+pub mod counting_alloc;
+pub mod kv;
+pub mod legit;
+pub mod mem_attacker;
+
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
