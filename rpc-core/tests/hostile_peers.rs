@@ -2,9 +2,6 @@
 //! is bounded and timed, the legitimate client is served meanwhile, and the attacker is
 //! backpressured or disconnected as designed.
 //!
-//! Tests marked `#[ignore = "issue 7 finding: ..."]` fail on the code as it is and say why;
-//! run them with `cargo test -p rpc-core --test hostile_peers -- --include-ignored`.
-//!
 //! Held memory is counted by a counting global allocator (common/counting_alloc.rs), not RSS,
 //! and cross-checked with the server's own budget counters. The budgets are small
 //! ([`CONN_BUDGET`] per connection, [`SERVER_BUDGET`] per server) and the attacks would hold
@@ -292,8 +289,6 @@ async fn oversized_advertisement_is_refused_without_a_read() {
 /// their handler slot (or be counted), else this attack grows without bound while its handlers
 /// finish one after the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 7 finding: regions still advertised when the connection is closed (done or idle \
-            timeout) are released without being revoked or counted: server regions registered != revoked"]
 async fn advertised_responses_never_read_are_bounded_and_cut_by_the_done_timeout() {
     alone(async {
         let t = Target::tcp(server_config(budget_proto()), client_config(budget_proto())).await;
@@ -347,9 +342,6 @@ async fn advertised_responses_never_read_are_bounded_and_cut_by_the_done_timeout
 /// (max_queued_frames, and SENDs whose completion does not come back while its socket is full),
 /// and it is backpressured (its writes block) or disconnected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 7 finding: a peer announcing a large recv_depth that never reads its socket fills \
-            the tcp writer's queue (SENDs posted, never completed): 153 MiB for 20000 requests; \
-            max_queued_frames counts only frames waiting for credits"]
 async fn peer_that_never_reads_is_bounded_and_backpressured_or_disconnected() {
     alone(async {
         let t = Target::tcp(server_config(budget_proto()), client_config(budget_proto())).await;
@@ -504,8 +496,6 @@ async fn connections_beyond_the_cap_are_not_taken_on() {
 /// region never answered; then nothing, no FIN). Before: held forever (128 MiB for 64 MiB
 /// payloads). Now: the keepalive's idle timeout closes it and releases everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 7 finding: regions still advertised when the connection is closed (done or idle \
-            timeout) are released without being revoked or counted: server regions registered != revoked"]
 async fn peer_silent_mid_call_is_detected_by_the_idle_timeout_over_tcp() {
     alone(async {
         let t = Target::tcp(server_config(keepalive_proto()), client_config(keepalive_proto())).await;
@@ -649,9 +639,6 @@ async fn budgets_hold_over_mem_with_delayed_completions() {
 
 /// Over mem: advertised responses never READ nor reported done hit the done timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 7 finding: handlers may start before the responses of handlers that just finished \
-            are registered, so up to twice the per-connection handler share of responses is produced beyond \
-            the rendezvous budget (32 MiB with a 8 MiB budget, share 4, 4 MiB responses)"]
 async fn never_done_over_mem_is_cut_by_the_done_timeout() {
     alone(async {
         let t = Target::mem(server_config(budget_proto()), client_config(budget_proto())).await;

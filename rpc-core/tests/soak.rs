@@ -496,19 +496,11 @@ async fn soak(transport: Transport) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 7 findings, remove once fixed: regions still advertised when a connection dies \
-            (killed, or closed by a client whose last handle dropped while Cancel frames and done reports still \
-            waited for credits) are released without being revoked or counted; the server's proto stats count a \
-            region revoked but not registered when its call was cancelled while registering"]
 async fn soak_mem() {
     soak(Transport::Mem).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 7 findings, remove once fixed: regions still advertised when a connection dies \
-            (killed, or closed by a client whose last handle dropped while Cancel frames and done reports still \
-            waited for credits) are released without being revoked or counted; the server's proto stats count a \
-            region revoked but not registered when its call was cancelled while registering"]
 async fn soak_tcp() {
     soak(Transport::Tcp).await;
 }

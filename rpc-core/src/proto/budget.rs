@@ -7,9 +7,15 @@
 //! A READ is issued only when its destination fits the budget; otherwise it waits in the
 //! connection's READ queue (bounded by its calls in flight). A single payload larger than the
 //! budget proceeds alone: when nothing else is held it always fits, so no payload up to
-//! `max_message_size` can be starved. Our own advertised regions are counted but never wait:
-//! their bytes exist already; the server instead stops starting handlers while the budget is
-//! spent (see [`ServerProto::may_start_handler`](super::ServerProto::may_start_handler)).
+//! `max_message_size` can be starved. Our own payloads (to be advertised) are counted from the
+//! moment they are handed to the protocol, but never wait: their bytes exist already; the server
+//! instead stops starting handlers while the connection's budget is spent (see
+//! [`ServerProto::may_start_handler`](super::ServerProto::may_start_handler)).
+//!
+//! The endpoint's shared budget counts READ destinations only: the memory the framework
+//! allocates on peers' behalf. A peer that does not READ our responses thus holds its own
+//! connection's budget (and, after the done timeout, loses the connection) but cannot starve the
+//! READs of other connections.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
@@ -72,13 +78,6 @@ impl SharedBudget {
         true
     }
 
-    /// Takes `len` bytes whatever is held (bytes that exist already: our advertised regions).
-    pub(crate) fn force_reserve(&self, len: u64) {
-        let mut s = self.lock();
-        s.held = s.held.saturating_add(len);
-        s.peak = s.peak.max(s.held);
-    }
-
     /// Gives back `len` bytes and wakes every waiting driver.
     pub(crate) fn release(&self, len: u64) {
         let waiters = {
@@ -105,6 +104,8 @@ pub(crate) struct Budget {
     limit: u64,
     held: u64,
     peak: u64,
+    /// Of `held`, the bytes also taken from `shared` (READ destinations).
+    shared_held: u64,
     shared: Option<Arc<SharedBudget>>,
     /// The last reservation failed on the shared budget (not on our own).
     blocked_on_shared: bool,
@@ -112,7 +113,7 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub fn new(limit: u64) -> Budget {
-        Budget { limit, held: 0, peak: 0, shared: None, blocked_on_shared: false }
+        Budget { limit, held: 0, peak: 0, shared_held: 0, shared: None, blocked_on_shared: false }
     }
 
     pub fn set_shared(&mut self, shared: Arc<SharedBudget>) {
@@ -127,19 +128,13 @@ impl Budget {
         self.peak
     }
 
-    /// Room left on this connection and on the endpoint: may a new handler start?
-    pub fn has_room(&mut self) -> bool {
-        if self.held >= self.limit {
-            self.blocked_on_shared = false;
-            return false;
-        }
-        let shared_room = self.shared.as_ref().is_none_or(|s| s.has_room());
-        self.blocked_on_shared = !shared_room;
-        shared_room
+    /// Room left on this connection: may a new handler start?
+    pub fn has_room(&self) -> bool {
+        self.held < self.limit
     }
 
-    /// Takes `len` bytes for a READ destination if they fit (see the module docs).
-    pub fn try_reserve(&mut self, len: u64) -> bool {
+    /// Takes `len` bytes for a READ destination if they fit, here and on the endpoint.
+    pub fn try_reserve_read(&mut self, len: u64) -> bool {
         if self.held != 0 && self.held.saturating_add(len) > self.limit {
             self.blocked_on_shared = false;
             return false;
@@ -151,15 +146,25 @@ impl Budget {
             }
         }
         self.blocked_on_shared = false;
+        if self.shared.is_some() {
+            self.shared_held += len;
+        }
         self.add(len);
         true
     }
 
-    /// Counts `len` bytes of our own advertised region.
-    pub fn force_reserve(&mut self, len: u64) {
+    /// Gives back a READ destination's bytes, here and on the endpoint.
+    pub fn release_read(&mut self, len: u64) {
+        self.release(len);
         if let Some(shared) = &self.shared {
-            shared.force_reserve(len);
+            let len = len.min(self.shared_held);
+            self.shared_held -= len;
+            shared.release(len);
         }
+    }
+
+    /// Counts `len` bytes of our own payload, to be advertised (this connection only).
+    pub fn force_reserve(&mut self, len: u64) {
         self.add(len);
     }
 
@@ -168,12 +173,9 @@ impl Budget {
         self.peak = self.peak.max(self.held);
     }
 
+    /// Gives back `len` bytes of our own payload.
     pub fn release(&mut self, len: u64) {
-        let len = len.min(self.held);
-        self.held -= len;
-        if let Some(shared) = &self.shared {
-            shared.release(len);
-        }
+        self.held -= len.min(self.held);
     }
 
     /// The endpoint's budget, when the last attempt failed on it: the driver registers its
@@ -184,11 +186,11 @@ impl Budget {
 }
 
 impl Drop for Budget {
-    /// A connection that ends gives back to the endpoint whatever it still held: its regions
-    /// and READ destinations go with the transport connection.
+    /// A connection that ends gives back to the endpoint the READ destinations it still held:
+    /// they go with the transport connection.
     fn drop(&mut self) {
         if let Some(shared) = &self.shared {
-            shared.release(self.held);
+            shared.release(self.shared_held);
         }
     }
 }
@@ -200,12 +202,12 @@ mod tests {
     #[test]
     fn one_payload_larger_than_the_budget_proceeds_alone() {
         let mut b = Budget::new(100);
-        assert!(b.try_reserve(1000), "nothing held: a large payload proceeds");
-        assert!(!b.try_reserve(1), "nothing else while it is held");
-        b.release(1000);
-        assert!(b.try_reserve(60));
-        assert!(b.try_reserve(40));
-        assert!(!b.try_reserve(1));
+        assert!(b.try_reserve_read(1000), "nothing held: a large payload proceeds");
+        assert!(!b.try_reserve_read(1), "nothing else while it is held");
+        b.release_read(1000);
+        assert!(b.try_reserve_read(60));
+        assert!(b.try_reserve_read(40));
+        assert!(!b.try_reserve_read(1));
         assert_eq!(b.peak(), 1000);
     }
 
@@ -216,18 +218,19 @@ mod tests {
         a.set_shared(shared.clone());
         let mut b = Budget::new(80);
         b.set_shared(shared.clone());
-        assert!(a.try_reserve(70));
-        assert!(!b.try_reserve(70), "the endpoint's budget is spent");
+        assert!(a.try_reserve_read(70));
+        assert!(!b.try_reserve_read(70), "the endpoint's budget is spent");
         assert!(b.blocked_on().is_some());
-        assert!(b.try_reserve(30));
+        assert!(b.try_reserve_read(30));
         assert!(b.blocked_on().is_none());
         b.force_reserve(50);
-        assert_eq!(shared.held(), 150);
-        assert!(!a.has_room() || !shared.has_room());
+        assert_eq!(shared.held(), 100, "our own payloads count on the connection only");
+        assert!(!b.has_room(), "80 of 80 held on connection B");
+        assert!(a.has_room());
         drop(b);
-        assert_eq!(shared.held(), 70, "a closed connection gives its bytes back");
+        assert_eq!(shared.held(), 70, "a closed connection gives its READ bytes back");
         drop(a);
         assert_eq!(shared.held(), 0);
-        assert_eq!(shared.peak(), 150);
+        assert_eq!(shared.peak(), 100);
     }
 }

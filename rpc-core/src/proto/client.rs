@@ -161,6 +161,7 @@ impl ClientProto {
         } else {
             call.state = State::Registering;
             call.info.request = Path::Rendezvous;
+            self.link.rdv.reserve_own(call_id, len, &mut self.link.stats);
             self.link.push_op(Op::Register { call_id, data: payload });
         }
         self.calls.insert(call_id, call);
@@ -186,7 +187,12 @@ impl ClientProto {
 
     /// Reports the outcome of an [`Op::Register`].
     pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
-        let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::Registering) else {
+        let registering = self.calls.get(&call_id).is_some_and(|c| c.state == State::Registering);
+        self.link.rdv.registered(call_id, registering && result.is_ok(), &mut self.link.stats);
+        if result.is_ok() {
+            self.link.stats.regions_registered += 1;
+        }
+        let Some(call) = self.calls.get_mut(&call_id).filter(|_| registering) else {
             // Cancelled (or expired) while registering: the server never saw it; revoke at once.
             if let Ok(desc) = result {
                 self.link.revoke(desc.rkey);
@@ -197,7 +203,6 @@ impl ClientProto {
             Ok(desc) => {
                 call.state = State::AwaitingResponse;
                 let (method, timeout) = (call.method, call.timeout);
-                self.link.stats.regions_registered += 1;
                 self.link.stats.rendezvous_sent += 1;
                 let now = self.link.now;
                 self.link.rdv.advertise(call_id, &desc, now, &mut self.link.stats);
@@ -343,8 +348,16 @@ impl ClientProto {
         call.into_iter().chain(self.link.next_timeout()).min()
     }
 
-    /// The connection is dead: every call in progress completes with `Disconnected`.
+    /// No call in progress, nothing to send or being sent, no region advertised, no READ: the
+    /// connection can be closed without leaving the server a region to revoke or a cancel unsaid.
+    pub fn is_idle(&self) -> bool {
+        self.calls.is_empty() && self.link.is_idle()
+    }
+
+    /// The connection is dead: every call in progress completes with `Disconnected`, and every
+    /// region still advertised is revoked (poll the operations once more).
     pub fn fail_all(&mut self, reason: &str) {
+        self.link.revoke_all();
         let mut ids: Vec<u64> = self.calls.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {

@@ -97,6 +97,8 @@ pub(crate) struct Link {
     ops: VecDeque<Op>,
     next_send_wr: WrId,
     sends_in_flight: u64,
+    /// Most SENDs posted and not yet completed (`max_queued_frames`).
+    send_window: u64,
     /// The latest time an input carried; deadlines of READs issued on inputs without a time
     /// count from it.
     pub now: Instant,
@@ -131,6 +133,7 @@ impl Link {
             ops: VecDeque::new(),
             next_send_wr: 1,
             sends_in_flight: 0,
+            send_window: u64::from(config.max_queued_frames.max(2)),
             now,
             eager_limit: config.eager_threshold.min(peer_frame_room),
             max_message_size: config.max_message_size,
@@ -189,6 +192,21 @@ impl Link {
         self.ops.push_back(Op::Deregister { rkey });
     }
 
+    /// The connection is gone: revoke every region still advertised (the peer can no longer
+    /// READ it).
+    pub fn revoke_all(&mut self) {
+        for rkey in self.rdv.drain_advertised() {
+            self.revoke(rkey);
+        }
+        self.rdv.update_stats(&mut self.stats);
+    }
+
+    /// Nothing in progress at this level: no frame unsent or unacknowledged, no region
+    /// advertised or being registered, no READ queued or in flight.
+    pub fn is_idle(&self) -> bool {
+        !self.has_unsent_frames() && self.rdv.is_idle()
+    }
+
     /// The peer finished READing our region for `call_id`: revoke it.
     pub fn on_done(&mut self, call_id: u64) {
         if let Some(rkey) = self.rdv.done(call_id) {
@@ -235,6 +253,11 @@ impl Link {
     /// Moves frames whose credits are available into SEND operations.
     fn flush(&mut self) {
         loop {
+            // SENDs posted and not completed (a peer that does not drain its side of the
+            // transport) are bounded too: nothing more is posted until some complete.
+            if self.sends_in_flight >= self.send_window {
+                break;
+            }
             if !self.tx.is_empty() && self.peer_credits > 1 {
                 let Some(out) = self.tx.pop_front() else { break };
                 self.stalled_counted = self.stalled_counted.saturating_sub(1);

@@ -63,6 +63,8 @@ pub(crate) struct Rendezvous {
     in_flight: HashMap<WrId, InFlight>,
     next_read_wr: WrId,
     advertised: HashMap<u64, Advertised>,
+    /// Our payloads handed out for registration and not yet back, by call.
+    registering: HashMap<u64, u64>,
     read_deadlines: DeadlineQueue,
     done_deadlines: DeadlineQueue,
 }
@@ -78,6 +80,7 @@ impl Rendezvous {
             in_flight: HashMap::new(),
             next_read_wr: 1,
             advertised: HashMap::new(),
+            registering: HashMap::new(),
             read_deadlines: DeadlineQueue::default(),
             done_deadlines: DeadlineQueue::default(),
         }
@@ -92,7 +95,7 @@ impl Rendezvous {
     pub fn issue(&mut self, now: Instant, ops: &mut VecDeque<Op>, stats: &mut ProtoStats) {
         while self.in_flight.len() < self.max_reads {
             let Some(&(call_id, remote)) = self.queued.front() else { break };
-            if !self.budget.try_reserve(remote.len) {
+            if !self.budget.try_reserve_read(remote.len) {
                 stats.budget_waits += 1;
                 break;
             }
@@ -128,19 +131,47 @@ impl Rendezvous {
     /// A READ completion: releases its budget. `None` for an id we never issued.
     pub fn read_complete(&mut self, wr_id: WrId) -> Option<ReadDone> {
         let read = self.in_flight.remove(&wr_id)?;
-        self.budget.release(read.len);
+        self.budget.release_read(read.len);
         Some(ReadDone { call_id: read.call_id, abandoned: read.abandoned })
     }
 
-    /// Our region for `call_id` was registered and is about to be advertised.
+    /// Our payload of `len` bytes for `call_id` was handed to the protocol for registration:
+    /// it counts from now (so that handlers are held back before the registrations are even
+    /// posted).
+    pub fn reserve_own(&mut self, call_id: u64, len: u64, stats: &mut ProtoStats) {
+        self.budget.force_reserve(len);
+        self.registering.insert(call_id, len);
+        self.note(stats);
+    }
+
+    /// The registration of `call_id`'s payload came back. If it will not be advertised
+    /// (`keep == false`: it failed, or the call was abandoned meanwhile) its bytes are released.
+    pub fn registered(&mut self, call_id: u64, keep: bool, stats: &mut ProtoStats) {
+        let len = self.registering.remove(&call_id).unwrap_or(0);
+        if !keep {
+            self.budget.release(len);
+        }
+        self.note(stats);
+    }
+
+    /// Our region for `call_id` was registered (and kept, see [`Self::registered`]) and is
+    /// about to be advertised.
     pub fn advertise(&mut self, call_id: u64, desc: &RegionDesc, now: Instant, stats: &mut ProtoStats) {
         let expires = now.checked_add(self.done_timeout);
         if let Some(at) = expires {
             self.done_deadlines.push(at, call_id);
         }
-        self.budget.force_reserve(desc.len);
         self.advertised.insert(call_id, Advertised { rkey: desc.rkey, len: desc.len, expires });
         self.note(stats);
+    }
+
+    /// The connection is gone: every advertised region's key, to revoke now (the peer can no
+    /// longer READ anything), and their bytes released.
+    pub fn drain_advertised(&mut self) -> Vec<RKey> {
+        let keys = self.advertised.drain().map(|(_, r)| r.rkey).collect::<Vec<_>>();
+        let held = self.budget.held();
+        self.budget.release(held);
+        keys
     }
 
     /// The peer reported its READ of our region for `call_id` done: the key to revoke.
@@ -154,6 +185,14 @@ impl Rendezvous {
     /// free for a new call yet).
     pub fn busy(&self, call_id: u64) -> bool {
         self.advertised.contains_key(&call_id) || self.in_flight.values().any(|r| r.call_id == call_id)
+    }
+
+    /// Nothing advertised, being registered, or being READ.
+    pub fn is_idle(&self) -> bool {
+        self.advertised.is_empty()
+            && self.registering.is_empty()
+            && self.in_flight.is_empty()
+            && self.queued.is_empty()
     }
 
     /// Regions advertised and not yet reported done.

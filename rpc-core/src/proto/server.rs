@@ -285,6 +285,7 @@ impl ServerProto {
                 if let Some(call) = self.calls.get_mut(&call_id) {
                     call.state = State::Registering;
                 }
+                self.link.rdv.reserve_own(call_id, p.len() as u64, &mut self.link.stats);
                 self.link.push_op(Op::Register { call_id, data: p });
             }
         }
@@ -294,6 +295,10 @@ impl ServerProto {
     /// Reports the outcome of an [`Op::Register`] of a response payload.
     pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
         let registering = self.calls.get(&call_id).is_some_and(|c| c.state == State::Registering);
+        self.link.rdv.registered(call_id, registering && result.is_ok(), &mut self.link.stats);
+        if result.is_ok() {
+            self.link.stats.regions_registered += 1;
+        }
         if !registering {
             // Cancelled or expired while registering: the client never saw it; revoke at once.
             if let Ok(desc) = result {
@@ -304,7 +309,6 @@ impl ServerProto {
         self.calls.remove(&call_id);
         match result {
             Ok(desc) => {
-                self.link.stats.regions_registered += 1;
                 self.link.stats.rendezvous_sent += 1;
                 self.link.stats.calls_completed += 1;
                 let now = self.link.now;
@@ -374,12 +378,14 @@ impl ServerProto {
     /// No call in progress, no region awaiting the client's READ, nothing waiting to be sent,
     /// no SEND awaiting its completion: the connection can be closed without losing anything.
     pub fn is_idle(&self) -> bool {
-        self.calls.is_empty() && self.link.rdv.advertised() == 0 && !self.link.has_unsent_frames()
+        self.calls.is_empty() && self.link.is_idle()
     }
 
-    /// The connection is dead: forget every call (the runtime aborts their handlers).
+    /// The connection is dead: forget every call (the runtime aborts their handlers), and
+    /// revoke every region still advertised (poll the operations once more).
     pub fn fail_all(&mut self) {
         self.calls.clear();
+        self.link.revoke_all();
     }
 
     fn queue_response(&mut self, call_id: u64, flags: u16, body: Bytes) {

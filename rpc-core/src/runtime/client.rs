@@ -241,6 +241,7 @@ impl ClientDriver {
         tracing::warn!(error = %fatal, calls = self.pending.len(), "connection failed");
         self.conn.close();
         self.proto.fail_all(&fatal.to_string());
+        driver::revoke_after_close(self.conn.as_mut(), &mut self.proto);
         self.deliver_events();
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(CallError::Disconnected(fatal.to_string())));
@@ -268,7 +269,9 @@ impl Future for ClientDriver {
                     this.fail(&fatal);
                     return Poll::Ready(());
                 }
-                Ok(_) if this.closing && this.pending.is_empty() => {
+                // The last handle is gone: close once the cancels and done reports are out and
+                // the server has reported our regions READ (bounded by the done timeout).
+                Ok(_) if this.closing && this.pending.is_empty() && this.proto.is_idle() => {
                     tracing::debug!("last client handle dropped; closing");
                     this.conn.close();
                     return Poll::Ready(());

@@ -169,6 +169,18 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
     Ok(())
 }
 
+/// After the connection closed: carries out the revocations the state machine still asks for
+/// (its regions go with the connection); everything else it asks for is moot.
+pub(crate) fn revoke_after_close<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) {
+    while let Some(op) = proto.next_op() {
+        if let Op::Deregister { rkey } = op {
+            if let Err(e) = conn.deregister(rkey) {
+                tracing::debug!(rkey, error = %e, "revoking a region after close failed");
+            }
+        }
+    }
+}
+
 /// Runs expired timers (call deadlines, keepalive, READ and done timeouts) and arms `sleep`
 /// for the next one. Returns whether anything expired; a fatal timeout (a silent peer, an
 /// overdue READ or done report) is an error.

@@ -312,7 +312,9 @@ impl ServerDriver {
     fn start_handlers(&mut self, cx: &mut Context<'_>) -> bool {
         let mut started = false;
         while !self.waiting.is_empty() && self.handlers.len() < self.max_handlers {
-            if !self.budget_allows_handler(cx) {
+            // The connection's budget is released by the client's done reports (frames, which
+            // wake this driver).
+            if !self.proto.may_start_handler() {
                 break;
             }
             let Some(permit) = self.take_slot(cx) else { break };
@@ -322,21 +324,6 @@ impl ServerDriver {
             started = true;
         }
         started
-    }
-
-    fn budget_allows_handler(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.proto.may_start_handler() {
-            return true;
-        }
-        // Spent on the server-wide budget: be woken when another connection releases some,
-        // then look again (a release in between is not missed).
-        match self.proto.blocked_on_shared_budget() {
-            Some(budget) => {
-                budget.register_waker(cx.waker());
-                self.proto.may_start_handler()
-            }
-            None => false,
-        }
     }
 
     /// A server-wide handler slot, at once or when this connection's turn comes.
@@ -457,6 +444,8 @@ impl ServerDriver {
         self.drop_waiting();
         self.proto.fail_all();
         self.conn.close();
+        driver::revoke_after_close(self.conn.as_mut(), &mut self.proto);
+        self.publish_stats();
     }
 }
 
