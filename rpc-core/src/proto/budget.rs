@@ -10,7 +10,7 @@
 //! `max_message_size` can be starved. Our own payloads (to be advertised) are counted from the
 //! moment they are handed to the protocol, but never wait: their bytes exist already; the server
 //! instead stops starting handlers while the connection's budget is spent (see
-//! [`ServerProto::may_start_handler`](super::ServerProto::may_start_handler)).
+//! [`ServerProto::try_start_handler`](super::ServerProto::try_start_handler)).
 //!
 //! The endpoint's shared budget counts READ destinations only: the memory the framework
 //! allocates on peers' behalf. A peer that does not READ our responses thus holds its own
@@ -126,6 +126,16 @@ impl Budget {
 
     pub fn peak(&self) -> u64 {
         self.peak
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Whether `len` more bytes fit (always, when nothing is held).
+    pub fn fits(&self, len: u64) -> bool {
+        self.held == 0 || self.held.saturating_add(len) <= self.limit
     }
 
     /// Room left on this connection: may a new handler start?

@@ -68,6 +68,9 @@ struct Call {
     state: State,
     timeout: Option<Duration>,
     deadline: Option<Instant>,
+    /// Budget reserved for the response when the handler started (see
+    /// [`ServerProto::try_start_handler`]).
+    reserved: u64,
 }
 
 /// The server end's state machine. See the [module docs](super) for the calling protocol.
@@ -161,7 +164,7 @@ impl ServerProto {
         if let Some(at) = deadline {
             self.deadlines.push(at, call_id);
         }
-        let mut call = Call { method: header.method_id, state: State::Running, timeout, deadline };
+        let mut call = Call { method: header.method_id, state: State::Running, timeout, deadline, reserved: 0 };
         match desc {
             Some(remote) => {
                 call.state = State::ReadingRequest;
@@ -235,19 +238,46 @@ impl ServerProto {
         }
     }
 
-    /// Whether a new handler may start now: the rendezvous budget of this connection (and of
-    /// the server) is not spent. While it is, requests wait for their handler, so that a client
-    /// that never READs its responses cannot make the server produce more of them.
-    pub fn may_start_handler(&mut self) -> bool {
-        let room = self.link.rdv.budget.has_room();
-        if !room {
-            self.link.stats.budget_waits += 1;
+    /// Whether the handler of `call_id` may start now, given `estimate`, the size its response
+    /// is expected to have (`u64::MAX`: unknown). Its response is produced by the application
+    /// before the protocol sees it, so the budget is taken at start: the estimate (nothing for
+    /// an eager-sized response; the whole connection budget for an unknown one, so that such a
+    /// handler runs alone) must fit this connection's budget, or the handler waits. That keeps
+    /// a client that never READs its responses from making the server produce more of them.
+    /// The reservation is exchanged for the real size in [`ServerProto::respond`].
+    pub fn try_start_handler(&mut self, call_id: u64, estimate: u64) -> bool {
+        let Some(call) = self.calls.get(&call_id) else { return true };
+        if call.reserved != 0 {
+            return true;
         }
-        room
+        let budget = &mut self.link.rdv.budget;
+        let want = match estimate {
+            e if e <= self.link.eager_limit as u64 => 0,
+            u64::MAX => budget.limit(),
+            e => e,
+        };
+        let fits = if want == 0 { budget.has_room() } else { budget.fits(want) };
+        if !fits {
+            self.link.stats.budget_waits += 1;
+            return false;
+        }
+        budget.force_reserve(want);
+        self.link.rdv.update_stats(&mut self.link.stats);
+        if let Some(call) = self.calls.get_mut(&call_id) {
+            call.reserved = want;
+        }
+        true
     }
 
-    /// The server-wide budget, when the last attempt (a READ, or [`Self::may_start_handler`])
-    /// failed on it: register the driver's waker there, then poll again.
+    fn release_reserved(&mut self, reserved: u64) {
+        if reserved != 0 {
+            self.link.rdv.budget.release(reserved);
+            self.link.rdv.update_stats(&mut self.link.stats);
+        }
+    }
+
+    /// The server-wide budget, when the last READ failed on it: register the driver's waker
+    /// there, then poll again.
     pub fn blocked_on_shared_budget(&self) -> Option<Arc<SharedBudget>> {
         self.link.rdv.budget.blocked_on().cloned()
     }
@@ -255,10 +285,11 @@ impl ServerProto {
     /// Answers a call whose handler finished. Answers to calls that were cancelled or expired
     /// meanwhile are dropped (returns `false`).
     pub fn respond(&mut self, call_id: u64, result: Result<Bytes, WireError>) -> bool {
-        let running = self.calls.get(&call_id).is_some_and(|c| c.state == State::Running);
-        if !running {
+        let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::Running) else {
             return false;
-        }
+        };
+        let reserved = std::mem::take(&mut call.reserved);
+        self.release_reserved(reserved);
         let payload = match result {
             Ok(p) if p.len() as u64 > self.peer_max_message => Err(WireError::new(
                 WireErrorCode::PayloadTooLarge,
@@ -337,6 +368,7 @@ impl ServerProto {
     /// revoked: the client may be READing it; it goes with the client's done report.
     fn on_cancel(&mut self, call_id: u64, reason: CancelReason) {
         let Some(call) = self.calls.remove(&call_id) else { return };
+        self.release_reserved(call.reserved);
         match reason {
             CancelReason::Cancelled => self.link.stats.cancels += 1,
             CancelReason::DeadlineExceeded => self.link.stats.deadlines_expired += 1,

@@ -247,6 +247,7 @@ impl Acceptor {
             resources: self.resources.clone(),
             _open: OpenConnection::new(self.resources.clone()),
             handlers: HashMap::new(),
+            estimates: ResponseEstimates::new(self.service.methods()),
             results_tx,
             results,
             scratch: Vec::with_capacity(driver::COMPLETION_BATCH),
@@ -261,6 +262,38 @@ impl Acceptor {
 
 type HandlerResult = (u64, Result<Bytes, WireError>);
 type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+/// The response size expected of each of the service's methods on one connection: the largest
+/// seen lately (it decays towards smaller ones). A method not seen yet is unknown (its first
+/// handler on a connection runs alone); an id the service does not have answers with a small
+/// error. One entry per method of the service: a peer cannot grow it.
+struct ResponseEstimates {
+    by_method: Vec<(MethodId, Option<u64>)>,
+}
+
+impl ResponseEstimates {
+    fn new(methods: &[crate::service::MethodDesc]) -> Self {
+        ResponseEstimates { by_method: methods.iter().map(|m| (m.id, None)).collect() }
+    }
+
+    /// The expected response size; `u64::MAX` when unknown.
+    fn estimate(&self, method: MethodId) -> u64 {
+        match self.by_method.iter().find(|(id, _)| *id == method) {
+            Some((_, Some(len))) => *len,
+            Some((_, None)) => u64::MAX,
+            None => 0,
+        }
+    }
+
+    fn observe(&mut self, method: MethodId, len: u64) {
+        if let Some((_, est)) = self.by_method.iter_mut().find(|(id, _)| *id == method) {
+            *est = Some(match *est {
+                Some(old) if len < old => old - (old - len) / 4,
+                _ => len,
+            });
+        }
+    }
+}
 
 /// A request waiting for its handler to start.
 struct Waiting {
@@ -286,7 +319,10 @@ struct ServerDriver {
     waiting: VecDeque<Waiting>,
     resources: Arc<Resources>,
     _open: OpenConnection,
-    handlers: HashMap<u64, AbortHandle>,
+    /// Running handlers: their method (to learn its response size) and abort handle.
+    handlers: HashMap<u64, (MethodId, AbortHandle)>,
+    /// Response sizes seen per method, to reserve budget before a handler starts.
+    estimates: ResponseEstimates,
     results_tx: mpsc::UnboundedSender<HandlerResult>,
     results: mpsc::UnboundedReceiver<HandlerResult>,
     scratch: Vec<Completion>,
@@ -313,8 +349,10 @@ impl ServerDriver {
         let mut started = false;
         while !self.waiting.is_empty() && self.handlers.len() < self.max_handlers {
             // The connection's budget is released by the client's done reports (frames, which
-            // wake this driver).
-            if !self.proto.may_start_handler() {
+            // wake this driver) and by finishing handlers.
+            let Some(next) = self.waiting.front() else { break };
+            let (call_id, estimate) = (next.call_id, self.estimates.estimate(next.method));
+            if !self.proto.try_start_handler(call_id, estimate) {
                 break;
             }
             let Some(permit) = self.take_slot(cx) else { break };
@@ -365,7 +403,7 @@ impl ServerDriver {
             let _ = results.send((call_id, result));
         };
         let handle = tokio::spawn(task.instrument(span));
-        self.handlers.insert(call_id, handle.abort_handle());
+        self.handlers.insert(call_id, (method, handle.abort_handle()));
     }
 
     fn run_events(&mut self) {
@@ -376,7 +414,7 @@ impl ServerDriver {
                     self.waiting.push_back(Waiting { call_id, method, payload, path });
                 }
                 ServerEvent::Cancel { call_id, reason } => {
-                    if let Some(h) = self.handlers.remove(&call_id) {
+                    if let Some((_, h)) = self.handlers.remove(&call_id) {
                         tracing::debug!(call_id, ?reason, "aborting handler");
                         h.abort();
                     } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
@@ -394,7 +432,10 @@ impl ServerDriver {
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            if self.handlers.remove(&call_id).is_some() {
+            if let Some((method, _)) = self.handlers.remove(&call_id) {
+                if let Ok(bytes) = &result {
+                    self.estimates.observe(method, bytes.len() as u64);
+                }
                 self.proto.respond(call_id, result);
             }
         }
@@ -438,7 +479,7 @@ impl ServerDriver {
 
     fn stop(&mut self) {
         self.publish_stats();
-        for (_, h) in self.handlers.drain() {
+        for (_, (_, h)) in self.handlers.drain() {
             h.abort();
         }
         self.drop_waiting();
@@ -552,7 +593,7 @@ impl ServerDriver {
 
 impl Drop for ServerDriver {
     fn drop(&mut self) {
-        for (_, h) in self.handlers.drain() {
+        for (_, (_, h)) in self.handlers.drain() {
             h.abort();
         }
         self.drop_waiting();

@@ -147,22 +147,32 @@ fn reads_in_flight_never_exceed_the_connection_read_depth() {
 fn handlers_wait_while_responses_awaiting_done_fill_the_budget() {
     let server_cfg = config(T, 16).max_rendezvous_bytes(60_000);
     let mut p = Pair::new(config(T, 16), server_cfg);
-    p.call(1, payload(8, 0));
-    p.call(2, payload(8, 0));
+    for id in 1..=4 {
+        p.call(id, payload(8, 0));
+    }
     p.pump();
     p.take_requests();
     p.hold_reads = true;
-    assert!(p.server.may_start_handler());
+    // An unknown response size takes the whole budget: that handler runs alone.
+    assert!(p.server.try_start_handler(1, u64::MAX));
+    assert!(!p.server.try_start_handler(2, 10), "nothing else while the unknown one runs");
     p.server.respond(1, Ok(payload(50_000, 1)));
     p.pump();
-    assert!(p.server.may_start_handler(), "50 kB of 60 kB held");
-    p.server.respond(2, Ok(payload(50_000, 2)));
-    p.pump();
-    assert!(!p.server.may_start_handler(), "100 kB held: no new handler until the client READs");
+    assert_eq!(p.server.stats().rendezvous_bytes_held, 50_000, "the reservation became the response's size");
+    assert!(p.server.try_start_handler(2, 8), "an eager-sized response needs only room");
+    assert!(!p.server.try_start_handler(3, 50_000), "50 kB + 50 kB does not fit 60 kB");
+    p.server.respond(2, Ok(payload(8, 2)));
     p.hold_reads = false;
     p.pump();
-    assert!(p.server.may_start_handler());
-    assert_eq!(p.take_completions().len(), 2);
+    assert!(p.server.try_start_handler(3, 50_000), "the client READ the first response");
+    p.server.respond(3, Ok(payload(50_000, 3)));
+    assert!(!p.server.try_start_handler(4, 50_000), "reserved from respond(), before the registration is posted");
+    p.pump();
+    assert!(p.server.try_start_handler(4, 50_000));
+    p.server.respond(4, Ok(payload(8, 4)));
+    p.pump();
+    assert_eq!(p.take_completions().len(), 4);
+    assert_eq!(p.server.stats().rendezvous_bytes_held, 0);
     assert_clean(&p);
 }
 
