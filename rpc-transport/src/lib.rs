@@ -15,7 +15,10 @@
 //!   `(addr, len, rkey)` that may be advertised to the peer. The region is readable by the peer
 //!   (REMOTE_READ only) until [`Connection::deregister`] revokes its key.
 //! * **One-sided READ** of a peer's advertised region into a local buffer:
-//!   [`Connection::post_read`].
+//!   [`Connection::post_read`]. A READ the peer refuses (wrong or revoked key, out of bounds)
+//!   is fatal to the connection on every backend, as it is for an RC queue pair: the READ
+//!   completes with its [`ReadError`], then both ends fail with `Disconnected`. A region must
+//!   therefore be revoked only once the peer can no longer be reading it.
 //! * **Completions** arrive on the connection's completion queue, drained with
 //!   [`Connection::poll_completions`], which registers the task's waker when the queue is empty.
 //!
@@ -313,12 +316,18 @@ pub trait Connection: Send + fmt::Debug + 'static {
     /// bytes alive until [`Connection::deregister`].
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError>;
 
-    /// Revokes the key of a registered region: later READs with it fail. Unknown keys are an
-    /// error (a double revoke is a bug in the caller).
+    /// Revokes the key of a registered region: a later READ with it is refused, which closes
+    /// the connection (see [`Connection::post_read`]). Unknown keys are an error (a double revoke
+    /// is a bug in the caller).
     fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError>;
 
     /// Posts a one-sided READ of the peer's region `remote` into `dst`, which must have
     /// `remote.len` bytes of length; `dst` comes back in the [`Completion::Read`].
+    ///
+    /// If the peer refuses it (key not registered or revoked, range outside the region), the
+    /// READ completes with [`ReadError::InvalidKey`] or [`ReadError::OutOfBounds`] (verbs: see
+    /// the `rdma` module for what each provider reports), and then the connection fails on both
+    /// ends: everything else pending is flushed and `poll_completions` returns `Disconnected`.
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError>;
 
     /// Moves up to `max` completions into `out`. Returns `Ready(Ok(()))` when at least one was
@@ -341,6 +350,11 @@ pub trait Connection: Send + fmt::Debug + 'static {
 /// Accepts connections on a bound address.
 pub trait Listener: Send + fmt::Debug + 'static {
     /// Waits for the next connection; its receives are posted before the peer learns of it.
+    ///
+    /// Connections are set up in the background (at most
+    /// [`ConnParams::max_pending_handshakes`] at once, each within
+    /// [`ConnParams::handshake_timeout`]); one whose setup fails or times out is logged and never
+    /// returned here.
     fn accept(&mut self) -> BoxFuture<'_, Result<Box<dyn Connection>, TransportError>>;
     /// The address actually bound (with the real port for `tcp://...:0`).
     fn local_addr(&self) -> Address;

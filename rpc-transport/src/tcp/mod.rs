@@ -51,13 +51,16 @@ const MAX_READS_IN_FLIGHT: u32 = 64;
 /// Socket buffering of the reader and writer tasks.
 const IO_BUFFER: usize = 64 * 1024;
 
-/// Connects to a tcp listener at `addr` and performs the setup handshake (bounded by
-/// [`ConnParams::handshake_timeout`]).
+/// Connects to a tcp listener at `addr` and performs the setup handshake. The TCP connect and
+/// the hello exchange are each bounded by [`ConnParams::handshake_timeout`] (a listener with
+/// every handshake slot taken leaves us in its backlog, unanswered, until then).
 pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Connection>, TransportError> {
     validate_params(&params)?;
-    let mut stream = TcpStream::connect(addr)
+    let connect_error = |source| TransportError::Connect { addr: addr.to_string(), source };
+    let mut stream = tokio::time::timeout(params.handshake_timeout, TcpStream::connect(addr))
         .await
-        .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+        .map_err(|_| connect_error(std::io::Error::from(std::io::ErrorKind::TimedOut)))?
+        .map_err(connect_error)?;
     configure(&stream, &params)?;
     let (soft, hello) = handshake::client(&mut stream, &params).await?;
     Ok(Box::new(TcpConnection::start(stream, soft, params.recv_size, hello, addr)))
