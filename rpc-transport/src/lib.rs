@@ -110,19 +110,23 @@ pub struct ConnParams {
     /// the peer can send, as verbs requires).
     pub handshake_timeout: std::time::Duration,
     /// Listeners only: connections being set up at once. Default 64. Further incoming
-    /// connections wait in the kernel's backlog (tcp: not `accept()`ed; rdma: their connect
-    /// request waits) until a setup finishes, and count against the handshake timeout of the
-    /// peer. Cost: up to this many sockets (tcp) or queue pairs with `recv_depth * recv_size`
-    /// bytes of registered receives each (rdma), plus as many set-up connections waiting for
-    /// [`Listener::accept`].
+    /// connections wait until a setup finishes, and that wait counts against the peer's own
+    /// handshake timeout: tcp leaves them in the kernel's listen backlog (not `accept()`ed);
+    /// rdma keeps up to as many connect requests waiting (an rdma_cm identifier each) and
+    /// refuses the rest; mem makes `connect` wait for room in the accept queue. Cost: up to
+    /// this many sockets (tcp) or queue pairs with `recv_depth * recv_size` bytes of registered
+    /// receives each (rdma), plus the set-up connections waiting for [`Listener::accept`]
+    /// (tcp, rdma: up to 64 more; mem: its accept queue holds this many).
     pub max_pending_handshakes: usize,
     /// tcp only: `SO_KEEPALIVE` on every stream (both sides), so that a peer that vanishes
     /// without a FIN (host down, cable cut) is detected by the kernel. `Some(idle)`: the first
     /// probe after `idle` without traffic, then one every `max(idle / 5, 1 s)`; after 3
-    /// unanswered probes the connection fails with `Disconnected`. Default `Some(10 s)`, i.e.
-    /// a dead peer is found within about 16 s of silence. Cost: a probe of ~60 bytes per idle
-    /// interval per idle connection. `None` leaves the socket's keepalive off. (Liveness of a
-    /// peer whose host is up but whose process hangs is the protocol's keepalive's job.)
+    /// unanswered probes the connection fails with `Disconnected`; `TCP_USER_TIMEOUT` is set to
+    /// the same total, so data of ours left unacknowledged that long fails it too. Default
+    /// `Some(10 s)`, i.e. a dead peer is found within about 16 s of silence. Cost: a probe of
+    /// ~60 bytes per idle interval per idle connection. `None` leaves keepalive and the user
+    /// timeout off. (Liveness of a peer whose host is up but whose process hangs is the
+    /// protocol's keepalive's job.)
     pub tcp_keepalive: Option<std::time::Duration>,
 }
 

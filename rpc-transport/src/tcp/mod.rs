@@ -82,7 +82,13 @@ async fn accept_stream(
 fn configure(stream: &TcpStream, params: &ConnParams) -> Result<(), TransportError> {
     stream.set_nodelay(true)?;
     if let Some(idle) = params.tcp_keepalive {
-        socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive(idle))?;
+        let sock = socket2::SockRef::from(stream);
+        sock.set_tcp_keepalive(&keepalive(idle))?;
+        // Keepalive probes are not sent while our data waits for an ACK; the user timeout gives
+        // that case (a peer gone while we were sending) the same bound instead of the kernel's
+        // ~15 min of retransmissions. A live peer ACKs (even with a zero window), so a slow
+        // reader is not cut off.
+        sock.set_tcp_user_timeout(Some(dead_after(idle)))?;
     }
     #[cfg(test)]
     tests::record_socket_options(stream);
@@ -95,8 +101,21 @@ const KEEPALIVE_PROBES: u32 = 3;
 /// The keepalive of [`ConnParams::tcp_keepalive`]: first probe after `idle`, then one every
 /// `max(idle / 5, 1 s)`, [`KEEPALIVE_PROBES`] of them.
 fn keepalive(idle: Duration) -> socket2::TcpKeepalive {
-    let interval = (idle / 5).max(Duration::from_secs(1));
-    socket2::TcpKeepalive::new().with_time(idle).with_interval(interval).with_retries(KEEPALIVE_PROBES)
+    socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(keepalive_interval(idle))
+        .with_retries(KEEPALIVE_PROBES)
+}
+
+/// Whole seconds, as the kernel counts them.
+fn keepalive_interval(idle: Duration) -> Duration {
+    Duration::from_secs((idle / 5).as_secs().max(1))
+}
+
+/// How long a peer may stay silent (no ACK of our data, no answer to probes) before the
+/// connection fails: `idle + probes * interval` (16 s for the default 10 s).
+fn dead_after(idle: Duration) -> Duration {
+    Duration::from_secs(idle.as_secs()) + keepalive_interval(idle) * KEEPALIVE_PROBES
 }
 
 /// One end of a tcp connection.
