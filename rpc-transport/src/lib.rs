@@ -15,7 +15,10 @@
 //!   `(addr, len, rkey)` that may be advertised to the peer. The region is readable by the peer
 //!   (REMOTE_READ only) until [`Connection::deregister`] revokes its key.
 //! * **One-sided READ** of a peer's advertised region into a local buffer:
-//!   [`Connection::post_read`].
+//!   [`Connection::post_read`]. A READ the peer refuses (wrong or revoked key, out of bounds)
+//!   is fatal to the connection on every backend, as it is for an RC queue pair: the READ
+//!   completes with its [`ReadError`], then both ends fail with `Disconnected`. A region must
+//!   therefore be revoked only once the peer can no longer be reading it.
 //! * **Completions** arrive on the connection's completion queue, drained with
 //!   [`Connection::poll_completions`], which registers the task's waker when the queue is empty.
 //!
@@ -110,19 +113,23 @@ pub struct ConnParams {
     /// the peer can send, as verbs requires).
     pub handshake_timeout: std::time::Duration,
     /// Listeners only: connections being set up at once. Default 64. Further incoming
-    /// connections wait in the kernel's backlog (tcp: not `accept()`ed; rdma: their connect
-    /// request waits) until a setup finishes, and count against the handshake timeout of the
-    /// peer. Cost: up to this many sockets (tcp) or queue pairs with `recv_depth * recv_size`
-    /// bytes of registered receives each (rdma), plus as many set-up connections waiting for
-    /// [`Listener::accept`].
+    /// connections wait until a setup finishes, and that wait counts against the peer's own
+    /// handshake timeout: tcp leaves them in the kernel's listen backlog (not `accept()`ed);
+    /// rdma keeps up to as many connect requests waiting (an rdma_cm identifier each) and
+    /// refuses the rest; mem makes `connect` wait for room in the accept queue. Cost: up to
+    /// this many sockets (tcp) or queue pairs with `recv_depth * recv_size` bytes of registered
+    /// receives each (rdma), plus the set-up connections waiting for [`Listener::accept`]
+    /// (tcp, rdma: up to 64 more; mem: its accept queue holds this many).
     pub max_pending_handshakes: usize,
     /// tcp only: `SO_KEEPALIVE` on every stream (both sides), so that a peer that vanishes
     /// without a FIN (host down, cable cut) is detected by the kernel. `Some(idle)`: the first
     /// probe after `idle` without traffic, then one every `max(idle / 5, 1 s)`; after 3
-    /// unanswered probes the connection fails with `Disconnected`. Default `Some(10 s)`, i.e.
-    /// a dead peer is found within about 16 s of silence. Cost: a probe of ~60 bytes per idle
-    /// interval per idle connection. `None` leaves the socket's keepalive off. (Liveness of a
-    /// peer whose host is up but whose process hangs is the protocol's keepalive's job.)
+    /// unanswered probes the connection fails with `Disconnected`; `TCP_USER_TIMEOUT` is set to
+    /// the same total, so data of ours left unacknowledged that long fails it too. Default
+    /// `Some(10 s)`, i.e. a dead peer is found within about 16 s of silence. Cost: a probe of
+    /// ~60 bytes per idle interval per idle connection. `None` leaves keepalive and the user
+    /// timeout off. (Liveness of a peer whose host is up but whose process hangs is the
+    /// protocol's keepalive's job.)
     pub tcp_keepalive: Option<std::time::Duration>,
 }
 
@@ -316,12 +323,18 @@ pub trait Connection: Send + fmt::Debug + 'static {
     /// bytes alive until [`Connection::deregister`].
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError>;
 
-    /// Revokes the key of a registered region: later READs with it fail. Unknown keys are an
-    /// error (a double revoke is a bug in the caller).
+    /// Revokes the key of a registered region: a later READ with it is refused, which closes
+    /// the connection (see [`Connection::post_read`]). Unknown keys are an error (a double revoke
+    /// is a bug in the caller).
     fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError>;
 
     /// Posts a one-sided READ of the peer's region `remote` into `dst`, which must have
     /// `remote.len` bytes of length; `dst` comes back in the [`Completion::Read`].
+    ///
+    /// If the peer refuses it (key not registered or revoked, range outside the region), the
+    /// READ completes with [`ReadError::InvalidKey`] or [`ReadError::OutOfBounds`] (verbs: see
+    /// the `rdma` module for what each provider reports), and then the connection fails on both
+    /// ends: everything else pending is flushed and `poll_completions` returns `Disconnected`.
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError>;
 
     /// Moves up to `max` completions into `out`. Returns `Ready(Ok(()))` when at least one was
@@ -344,6 +357,11 @@ pub trait Connection: Send + fmt::Debug + 'static {
 /// Accepts connections on a bound address.
 pub trait Listener: Send + fmt::Debug + 'static {
     /// Waits for the next connection; its receives are posted before the peer learns of it.
+    ///
+    /// Connections are set up in the background (at most
+    /// [`ConnParams::max_pending_handshakes`] at once, each within
+    /// [`ConnParams::handshake_timeout`]); one whose setup fails or times out is logged and never
+    /// returned here.
     fn accept(&mut self) -> BoxFuture<'_, Result<Box<dyn Connection>, TransportError>>;
     /// The address actually bound (with the real port for `tcp://...:0`).
     fn local_addr(&self) -> Address;

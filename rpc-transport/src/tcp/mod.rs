@@ -53,13 +53,16 @@ const MAX_READS_IN_FLIGHT: u32 = 64;
 /// Socket buffering of the reader and writer tasks.
 const IO_BUFFER: usize = 64 * 1024;
 
-/// Connects to a tcp listener at `addr` and performs the setup handshake (bounded by
-/// [`ConnParams::handshake_timeout`]).
+/// Connects to a tcp listener at `addr` and performs the setup handshake. The TCP connect and
+/// the hello exchange are each bounded by [`ConnParams::handshake_timeout`] (a listener with
+/// every handshake slot taken leaves us in its backlog, unanswered, until then).
 pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Connection>, TransportError> {
     validate_params(&params)?;
-    let mut stream = TcpStream::connect(addr)
+    let connect_error = |source| TransportError::Connect { addr: addr.to_string(), source };
+    let mut stream = tokio::time::timeout(params.handshake_timeout, TcpStream::connect(addr))
         .await
-        .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+        .map_err(|_| connect_error(std::io::Error::from(std::io::ErrorKind::TimedOut)))?
+        .map_err(connect_error)?;
     configure(&stream, &params)?;
     let (soft, hello) = handshake::client(&mut stream, &params).await?;
     Ok(Box::new(TcpConnection::start(stream, soft, params.recv_size, hello, addr)))
@@ -81,7 +84,13 @@ async fn accept_stream(
 fn configure(stream: &TcpStream, params: &ConnParams) -> Result<(), TransportError> {
     stream.set_nodelay(true)?;
     if let Some(idle) = params.tcp_keepalive {
-        socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive(idle))?;
+        let sock = socket2::SockRef::from(stream);
+        sock.set_tcp_keepalive(&keepalive(idle))?;
+        // Keepalive probes are not sent while our data waits for an ACK; the user timeout gives
+        // that case (a peer gone while we were sending) the same bound instead of the kernel's
+        // ~15 min of retransmissions. A live peer ACKs (even with a zero window), so a slow
+        // reader is not cut off.
+        sock.set_tcp_user_timeout(Some(dead_after(idle)))?;
     }
     #[cfg(test)]
     tests::record_socket_options(stream);
@@ -94,8 +103,21 @@ const KEEPALIVE_PROBES: u32 = 3;
 /// The keepalive of [`ConnParams::tcp_keepalive`]: first probe after `idle`, then one every
 /// `max(idle / 5, 1 s)`, [`KEEPALIVE_PROBES`] of them.
 fn keepalive(idle: Duration) -> socket2::TcpKeepalive {
-    let interval = (idle / 5).max(Duration::from_secs(1));
-    socket2::TcpKeepalive::new().with_time(idle).with_interval(interval).with_retries(KEEPALIVE_PROBES)
+    socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(keepalive_interval(idle))
+        .with_retries(KEEPALIVE_PROBES)
+}
+
+/// Whole seconds, as the kernel counts them.
+fn keepalive_interval(idle: Duration) -> Duration {
+    Duration::from_secs((idle / 5).as_secs().max(1))
+}
+
+/// How long a peer may stay silent (no ACK of our data, no answer to probes) before the
+/// connection fails: `idle + probes * interval` (16 s for the default 10 s).
+fn dead_after(idle: Duration) -> Duration {
+    Duration::from_secs(idle.as_secs()) + keepalive_interval(idle) * KEEPALIVE_PROBES
 }
 
 /// One end of a tcp connection.

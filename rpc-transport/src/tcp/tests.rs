@@ -23,6 +23,7 @@ pub(super) struct SocketOptions {
     keepalive: bool,
     /// (idle, interval, probes) when keepalive is on.
     probes: Option<(Duration, Duration, u32)>,
+    user_timeout: Option<Duration>,
 }
 
 thread_local! {
@@ -45,6 +46,7 @@ pub(super) fn record_socket_options(stream: &TcpStream) {
         nodelay: stream.nodelay().expect("TCP_NODELAY"),
         keepalive,
         probes,
+        user_timeout: sock.tcp_user_timeout().expect("TCP_USER_TIMEOUT"),
     };
     CONFIGURED.with(|c| c.borrow_mut().push(options));
 }
@@ -150,6 +152,7 @@ async fn every_stream_gets_keepalive_on_both_sides() {
     for side in [server_side, client_side] {
         assert!(side.nodelay && side.keepalive, "{side:?}");
         assert_eq!(side.probes, expected, "{side:?}");
+        assert_eq!(side.user_timeout, Some(Duration::from_secs(12 + 3 * 2)), "{side:?}");
     }
 }
 
@@ -161,17 +164,21 @@ async fn keepalive_can_be_turned_off() {
     let (_client, _server) = (client.expect("connect"), server.expect("accept"));
     let seen = configured();
     assert_eq!(seen.len(), 2);
-    assert!(seen.iter().all(|o| o.nodelay && !o.keepalive && o.probes.is_none()), "{seen:?}");
+    assert!(
+        seen.iter().all(|o| o.nodelay && !o.keepalive && o.probes.is_none() && o.user_timeout.is_none()),
+        "{seen:?}"
+    );
 }
 
 #[test]
-fn keepalive_interval_is_a_fifth_of_idle_and_at_least_a_second() {
+fn keepalive_interval_is_a_fifth_of_idle_in_whole_seconds_and_at_least_one() {
     // The values `configure` passes; read back from real sockets in the tests above.
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    for (idle, interval) in [(10, 2), (3, 1), (60, 12)] {
+    for (idle, interval) in [(10, 2), (12, 2), (3, 1), (60, 12)] {
         sock.set_tcp_keepalive(&keepalive(Duration::from_secs(idle))).unwrap();
         assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(idle));
         assert_eq!(sock.tcp_keepalive_interval().unwrap(), Duration::from_secs(interval));
         assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        assert_eq!(dead_after(Duration::from_secs(idle)), Duration::from_secs(idle + 3 * interval));
     }
 }
