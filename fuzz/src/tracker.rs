@@ -118,6 +118,7 @@ impl Tracker {
             HEADER_LEN
         };
         assert!(frame.len() <= largest, "{:?} frame of {} bytes (at most {largest})", h.kind, frame.len());
+        assert!(frame.len() <= self.peer.recv_size as usize, "a frame larger than the peer's receive buffers");
         assert!(!self.sends.contains(&wr_id), "SEND wr_id {wr_id} reused while in flight");
         self.sends.push(wr_id);
     }
