@@ -76,7 +76,10 @@ impl Harness {
                 let len = usize::from(len);
                 match self.proto.start_call(id, u32::from(method), payload(len), timeout, self.now) {
                     Ok(()) => {
-                        assert!(len as u64 <= self.peer_max_message, "started a call larger than the peer accepts");
+                        assert!(
+                            len as u64 <= self.peer_max_message,
+                            "started a call larger than the peer accepts"
+                        );
                         self.started.push(id);
                         self.live.insert(id);
                     }
@@ -99,7 +102,11 @@ impl Harness {
                     n => self.started[usize::from(pick) % n],
                 };
                 let was_live = self.live.remove(&id);
-                assert_eq!(self.proto.cancel(id), was_live, "cancel({id}) disagrees on whether it was in progress");
+                assert_eq!(
+                    self.proto.cancel(id),
+                    was_live,
+                    "cancel({id}) disagrees on whether it was in progress"
+                );
             }
             ClientStep::Recv(frame) => return self.deliver(&frame.encode()),
             ClientStep::RecvRaw(bytes) => return self.deliver(&bytes.0),

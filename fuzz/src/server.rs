@@ -70,7 +70,11 @@ impl Harness {
                     }
                 };
                 let expected = self.running.remove(&id);
-                assert_eq!(self.proto.respond(id, result), expected, "respond({id}) disagrees on whether it runs");
+                assert_eq!(
+                    self.proto.respond(id, result),
+                    expected,
+                    "respond({id}) disagrees on whether it runs"
+                );
             }
             ServerStep::Registered { pick, ok } => {
                 if let Some((call_id, result)) = self.ops.take_register(pick, ok) {

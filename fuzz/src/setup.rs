@@ -26,7 +26,8 @@ pub const MIN_PEER_RECV_SIZE: u32 = (HEADER_LEN + 2 + MAX_ERROR_MESSAGE) as u32;
 /// not check the size yet: with less, our frames do not fit and the transport refuses to send
 /// them, which closes the connection.)
 pub fn peer(s: &Setup) -> PeerLimits {
-    let hello = Hello { eager_threshold: u32::from(s.peer_eager), max_message_size: u64::from(s.peer_max_message) };
+    let hello =
+        Hello { eager_threshold: u32::from(s.peer_eager), max_message_size: u64::from(s.peer_max_message) };
     let recv_size = u32::from(s.peer_recv_size).max(MIN_PEER_RECV_SIZE);
     peer_limits(2 + u32::from(s.peer_recv_depth % 63), recv_size, hello)
 }

@@ -40,6 +40,8 @@ pub fn tcp_decode_hello(fixed: &[u8; TCP_HELLO_FIXED]) -> Result<TcpHello, Strin
 
 /// Our tcp hello for these parameters, private data included.
 pub fn tcp_encode_hello(recv_depth: u32, recv_size: u32, private_data: &[u8]) -> Vec<u8> {
+    // `..default()`: ConnParams gains fields (handshake bounds) that the hello does not carry.
+    #[allow(clippy::needless_update)]
     let params = ConnParams {
         recv_depth,
         recv_size,

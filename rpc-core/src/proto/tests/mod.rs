@@ -1,7 +1,7 @@
 //! Deterministic tests of the protocol core: no sockets, no tokio, a virtual clock.
 
-mod harness;
 mod fuzz_regressions;
+mod harness;
 mod malformed;
 
 use std::time::Duration;
