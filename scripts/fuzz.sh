@@ -4,6 +4,7 @@
 #   scripts/fuzz.sh                      every target, FUZZ_SECS (default 30) seconds each
 #   scripts/fuzz.sh client_proto         only the targets named
 #   FUZZ_SECS=3600 scripts/fuzz.sh server_proto    a long run (an hour) of one target
+#   FUZZ_SECS=28800 scripts/fuzz.sh      a long run of everything (8 h per target: start it at night)
 #
 # Targets: proto_decode client_proto server_proto tcp_reader tcp_wire rdma_hello (see fuzz/README.md).
 # Each run starts from fuzz/corpus/<target> (kept between local runs, not checked in) and the
@@ -19,30 +20,31 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 secs="${FUZZ_SECS:-30}"
+tc="${FUZZ_TOOLCHAIN:-nightly}" # a dated nightly (nightly-2026-05-01) pins the fuzz build
 all=(proto_decode client_proto server_proto tcp_reader tcp_wire rdma_hello)
 if [ "$#" -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 
 banner() {
     printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
-    printf '!!! FUZZING DID NOT RUN: %-52s!!!\n' "$1"
-    printf '!!! Only the fuzz crate'"'"'s tests (harness, seeds, kept regressions) ran.      !!!\n'
+    printf '!!! FUZZING DID NOT RUN: %s\n' "$1"
+    printf '!!! Only the fuzz crate'"'"'s tests (harness, seeds, kept regressions) ran.\n'
     printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
 }
 
 echo "fuzz crate tests (default toolchain)"
 cargo test --manifest-path fuzz/Cargo.toml --lib
 
-if ! command -v rustup >/dev/null 2>&1 || ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    banner "no nightly toolchain (rustup toolchain install nightly)"
+if ! command -v rustup >/dev/null 2>&1 || ! RUSTUP_AUTO_INSTALL=0 rustup run "$tc" rustc --version >/dev/null 2>&1; then
+    banner "no $tc toolchain (rustup toolchain install $tc)"
     exit 0
 fi
-if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+if ! cargo "+$tc" fuzz --version >/dev/null 2>&1; then
     echo "installing cargo-fuzz from crates.io"
-    cargo +nightly install cargo-fuzz --locked
+    cargo "+$tc" install cargo-fuzz --locked
 fi
 
 echo "building the fuzz targets (nightly, release, address sanitizer)"
-cargo +nightly fuzz build -O
+cargo "+$tc" fuzz build -O
 
 failed=()
 summary=()
@@ -54,7 +56,7 @@ for t in "${targets[@]}"; do
     status=0
     # -timeout: an input that runs 10 s is a hang, reported like a crash. The outer timeout only
     # guards against libFuzzer itself not stopping.
-    timeout "$((secs + 120))" cargo +nightly fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
+    timeout "$((secs + 120))" cargo "+$tc" fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
         -max_total_time="$secs" -timeout=10 -print_final_stats=1 >"$log" 2>&1 || status=$?
     runs=$(sed -n 's/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\1 runs in \2 s/p' "$log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
