@@ -31,8 +31,8 @@ banner() {
     printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
 }
 
-echo "fuzz crate tests (default toolchain)"
-cargo test --manifest-path fuzz/Cargo.toml --lib
+echo "fuzz crate tests (default toolchain; the workspace's target/ so that its build is reused)"
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}" cargo test --manifest-path fuzz/Cargo.toml --lib
 
 if ! command -v rustup >/dev/null 2>&1 || ! RUSTUP_AUTO_INSTALL=0 rustup run "$tc" rustc --version >/dev/null 2>&1; then
     banner "no $tc toolchain (rustup toolchain install $tc)"
