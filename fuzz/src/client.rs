@@ -33,6 +33,9 @@ pub fn run_steps(setup: &Setup, steps: impl IntoIterator<Item = ClientStep>) {
 struct Harness {
     proto: ClientProto,
     ops: Tracker,
+    /// Our receive buffers' size: the transport never delivers a longer frame (it fails the
+    /// connection instead).
+    recv_size: usize,
     now: Instant,
     next_id: u64,
     /// Every call id started, in order (for picks).
@@ -49,6 +52,7 @@ impl Harness {
         Harness {
             proto: ClientProto::new(&cfg, &peer),
             ops: Tracker::new(&[Kind::Request, Kind::Cancel, Kind::Credit], peer, cfg.max_message_size),
+            recv_size: cfg.recv_size() as usize,
             now: Instant::now(),
             next_id: 1,
             started: Vec::new(),
@@ -72,7 +76,10 @@ impl Harness {
                 let len = usize::from(len);
                 match self.proto.start_call(id, u32::from(method), payload(len), timeout, self.now) {
                     Ok(()) => {
-                        assert!(len as u64 <= self.peer_max_message, "started a call larger than the peer accepts");
+                        assert!(
+                            len as u64 <= self.peer_max_message,
+                            "started a call larger than the peer accepts"
+                        );
                         self.started.push(id);
                         self.live.insert(id);
                     }
@@ -95,7 +102,11 @@ impl Harness {
                     n => self.started[usize::from(pick) % n],
                 };
                 let was_live = self.live.remove(&id);
-                assert_eq!(self.proto.cancel(id), was_live, "cancel({id}) disagrees on whether it was in progress");
+                assert_eq!(
+                    self.proto.cancel(id),
+                    was_live,
+                    "cancel({id}) disagrees on whether it was in progress"
+                );
             }
             ClientStep::Recv(frame) => return self.deliver(&frame.encode()),
             ClientStep::RecvRaw(bytes) => return self.deliver(&bytes.0),
@@ -123,6 +134,9 @@ impl Harness {
     }
 
     fn deliver(&mut self, frame: &[u8]) -> bool {
+        if frame.len() > self.recv_size {
+            return self.die();
+        }
         match self.proto.handle_recv(frame) {
             Ok(()) => {
                 self.ops.on_received(frame);
@@ -149,16 +163,21 @@ impl Harness {
         while let Some(op) = self.proto.poll_op() {
             self.ops.on_op(op);
         }
-        while let Some(ClientEvent::Completed { call_id, .. }) = self.proto.poll_event() {
-            assert!(self.live.remove(&call_id), "Completed for call {call_id}, which is not in progress");
-        }
+        self.take_events();
         assert_eq!(self.proto.calls_in_flight(), self.live.len(), "calls in flight disagree");
     }
 
-    /// The connection died: every call in progress completes once, with an error.
+    fn take_events(&mut self) {
+        while let Some(ClientEvent::Completed { call_id, .. }) = self.proto.poll_event() {
+            assert!(self.live.remove(&call_id), "Completed for call {call_id}, which is not in progress");
+        }
+    }
+
+    /// The connection died: every call in progress completes once, with an error. As in the
+    /// runtime, the connection is closed first: no operation is posted any more.
     fn die(&mut self) -> bool {
         self.proto.fail_all("fuzz: connection closed");
-        self.drain();
+        self.take_events();
         assert!(self.live.is_empty(), "calls lost when the connection died: {:?}", self.live);
         false
     }

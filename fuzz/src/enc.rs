@@ -87,11 +87,11 @@ impl Put for DescLen {
             DescLen::Small(n) => {
                 tag(out, 0, 2);
                 n.put(out)
-            },
+            }
             DescLen::Raw(n) => {
                 tag(out, 1, 2);
                 n.put(out)
-            },
+            }
         }
     }
 }
@@ -103,11 +103,11 @@ impl Put for Arg {
             Arg::Millis(ms) => {
                 tag(out, 1, 3);
                 ms.put(out)
-            },
+            }
             Arg::Raw(us) => {
                 tag(out, 2, 3);
                 us.put(out)
-            },
+            }
         }
     }
 }
@@ -119,11 +119,11 @@ impl Put for Body {
             Body::Payload(n) => {
                 tag(out, 1, 5);
                 n.put(out)
-            },
+            }
             Body::Bytes(b) => {
                 tag(out, 2, 5);
                 b.put(out)
-            },
+            }
             Body::Desc { addr, len, rkey } => {
                 tag(out, 3, 5);
                 addr.put(out);
@@ -168,15 +168,15 @@ impl Put for Timeout {
             Timeout::Micros(v) => {
                 tag(out, 0, 4);
                 v.put(out)
-            },
+            }
             Timeout::Millis(v) => {
                 tag(out, 1, 4);
                 v.put(out)
-            },
+            }
             Timeout::Secs(v) => {
                 tag(out, 2, 4);
                 v.put(out)
-            },
+            }
             Timeout::Max => tag(out, 3, 4),
         }
     }
@@ -195,42 +195,42 @@ impl Put for ClientStep {
             ClientStep::StartBadId { pick } => {
                 tag(out, 1, N);
                 pick.put(out)
-            },
+            }
             ClientStep::Cancel { pick } => {
                 tag(out, 2, N);
                 pick.put(out)
-            },
+            }
             ClientStep::Recv(f) => {
                 tag(out, 3, N);
                 f.put(out)
-            },
+            }
             ClientStep::RecvRaw(b) => {
                 tag(out, 4, N);
                 b.put(out)
-            },
+            }
             ClientStep::Registered { pick, ok } => {
                 tag(out, 5, N);
                 pick.put(out);
                 ok.put(out)
-            },
+            }
             ClientStep::ReadDone { pick, outcome } => {
                 tag(out, 6, N);
                 pick.put(out);
                 outcome.put(out)
-            },
+            }
             ClientStep::SendDone { pick, ok } => {
                 tag(out, 7, N);
                 pick.put(out);
                 ok.put(out)
-            },
+            }
             ClientStep::Advance(ms) => {
                 tag(out, 8, N);
                 ms.put(out)
-            },
+            }
             ClientStep::AdvanceSecs(s) => {
                 tag(out, 9, N);
                 s.put(out)
-            },
+            }
         }
     }
 }
@@ -241,12 +241,12 @@ impl Put for Reply {
             Reply::Ok(len) => {
                 tag(out, 0, 2);
                 len.put(out)
-            },
+            }
             Reply::Err { code, len } => {
                 tag(out, 1, 2);
                 code.put(out);
                 len.put(out)
-            },
+            }
         }
     }
 }
@@ -258,39 +258,39 @@ impl Put for ServerStep {
             ServerStep::Recv(f) => {
                 tag(out, 0, N);
                 f.put(out)
-            },
+            }
             ServerStep::RecvRaw(b) => {
                 tag(out, 1, N);
                 b.put(out)
-            },
+            }
             ServerStep::Respond { pick, reply } => {
                 tag(out, 2, N);
                 pick.put(out);
                 reply.put(out)
-            },
+            }
             ServerStep::Registered { pick, ok } => {
                 tag(out, 3, N);
                 pick.put(out);
                 ok.put(out)
-            },
+            }
             ServerStep::ReadDone { pick, outcome } => {
                 tag(out, 4, N);
                 pick.put(out);
                 outcome.put(out)
-            },
+            }
             ServerStep::SendDone { pick, ok } => {
                 tag(out, 5, N);
                 pick.put(out);
                 ok.put(out)
-            },
+            }
             ServerStep::Advance(ms) => {
                 tag(out, 6, N);
                 ms.put(out)
-            },
+            }
             ServerStep::AdvanceSecs(s) => {
                 tag(out, 7, N);
                 s.put(out)
-            },
+            }
             ServerStep::Shutdown => tag(out, 8, N),
         }
     }
@@ -311,11 +311,11 @@ impl Put for Chunk {
             Chunk::Raw(b) => {
                 tag(out, 0, 4);
                 b.put(out)
-            },
+            }
             Chunk::Send(len) => {
                 tag(out, 1, 4);
                 len.put(out)
-            },
+            }
             Chunk::ReadReq { id, offset, len, key_flip } => {
                 tag(out, 2, 4);
                 id.put(out);

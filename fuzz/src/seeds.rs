@@ -8,11 +8,14 @@ use rpc_transport::fuzzing::{tcp_encode_hello, RdmaHello, TcpFrame};
 use rpc_transport::RegionDesc;
 
 use crate::enc::input;
-use crate::input::{Arg, Blob, Body, ClientStep as C, DescLen, Frame, ReadOutcome, Reply, ServerStep as S, Setup, Timeout};
+use crate::input::{
+    Arg, Blob, Body, ClientStep as C, DescLen, Frame, ReadOutcome, Reply, ServerStep as S, Setup, Timeout,
+};
 use crate::wire::{Chunk, ReaderSetup};
 
 /// The targets, by name.
-pub const TARGETS: [&str; 6] = ["proto_decode", "client_proto", "server_proto", "tcp_reader", "tcp_wire", "rdma_hello"];
+pub const TARGETS: [&str; 6] =
+    ["proto_decode", "client_proto", "server_proto", "tcp_reader", "tcp_wire", "rdma_hello"];
 
 /// `(name, bytes)` of each seed of `target`.
 pub fn seeds(target: &str) -> Vec<(&'static str, Vec<u8>)> {
@@ -83,12 +86,20 @@ fn client_proto() -> Vec<(&'static str, Vec<u8>)> {
     let mut done = frame(Kind::Credit, 0, 1, 0, Body::Empty);
     done.done = 1;
     vec![
-        ("eager", input(&setup(), &[start(10), C::SendDone { pick: 0, ok: true }, response(Body::Payload(20))])),
+        (
+            "eager",
+            input(&setup(), &[start(10), C::SendDone { pick: 0, ok: true }, response(Body::Payload(20))]),
+        ),
         (
             "rendezvous-request",
             input(
                 &setup(),
-                &[start(5000), C::Registered { pick: 0, ok: true }, C::Recv(done), response(Body::Payload(3))],
+                &[
+                    start(5000),
+                    C::Registered { pick: 0, ok: true },
+                    C::Recv(done),
+                    response(Body::Payload(3)),
+                ],
             ),
         ),
         (
@@ -104,14 +115,26 @@ fn client_proto() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "deadline",
-            input(&setup(), &[C::Start { method: 1, len: 10, timeout: Some(Timeout::Millis(5)) }, C::Advance(10)]),
+            input(
+                &setup(),
+                &[C::Start { method: 1, len: 10, timeout: Some(Timeout::Millis(5)) }, C::Advance(10)],
+            ),
         ),
         ("cancel", input(&setup(), &[start(10), C::Cancel { pick: 0 }, response(Body::Payload(1))])),
         (
             "error-response",
             input(
                 &setup(),
-                &[start(10), C::Recv(frame(Kind::Response, 1, 1, 2, Body::Error { code: 3, message: Blob(b"boom".to_vec()) }))],
+                &[
+                    start(10),
+                    C::Recv(frame(
+                        Kind::Response,
+                        1,
+                        1,
+                        2,
+                        Body::Error { code: 3, message: Blob(b"boom".to_vec()) },
+                    )),
+                ],
             ),
         ),
     ]
@@ -142,19 +165,27 @@ fn server_proto() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         ("deadline", input(&setup(), &[S::Recv(timed), S::Advance(10)])),
-        ("cancel", input(&setup(), &[request(Body::Payload(1)), S::Recv(frame(Kind::Cancel, 1, 0, 0, Body::Empty))])),
+        (
+            "cancel",
+            input(&setup(), &[request(Body::Payload(1)), S::Recv(frame(Kind::Cancel, 1, 0, 0, Body::Empty))]),
+        ),
         (
             "error-and-shutdown",
             input(
                 &setup(),
-                &[request(Body::Payload(1)), S::Respond { pick: 0, reply: Reply::Err { code: 3, len: 10 } }, S::Shutdown],
+                &[
+                    request(Body::Payload(1)),
+                    S::Respond { pick: 0, reply: Reply::Err { code: 3, len: 10 } },
+                    S::Shutdown,
+                ],
             ),
         ),
     ]
 }
 
 fn tcp_reader() -> Vec<(&'static str, Vec<u8>)> {
-    let setup = ReaderSetup { recv_depth: 1, recv_size: 255, region_len: 64, reads: [Some(15), Some(99), None] };
+    let setup =
+        ReaderSetup { recv_depth: 1, recv_size: 255, region_len: 64, reads: [Some(15), Some(99), None] };
     vec![
         ("send", input(&setup, &[Chunk::Send(5), Chunk::Send(200), Chunk::Send(0)])),
         (
@@ -172,7 +203,10 @@ fn tcp_reader() -> Vec<(&'static str, Vec<u8>)> {
             "read-responses",
             input(
                 &setup,
-                &[Chunk::ReadResp { pick: 0, status: 0, len: None }, Chunk::ReadResp { pick: 1, status: 1, len: Some(0) }],
+                &[
+                    Chunk::ReadResp { pick: 0, status: 0, len: None },
+                    Chunk::ReadResp { pick: 1, status: 1, len: Some(0) },
+                ],
             ),
         ),
     ]
@@ -188,6 +222,12 @@ fn tcp_wire() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn rdma_hello() -> Vec<(&'static str, Vec<u8>)> {
-    let h = RdmaHello { recv_depth: 64, recv_size: 8320, max_dest_rd_atomic: 16, max_rd_atomic: 16, private_data: b"hi".to_vec() };
+    let h = RdmaHello {
+        recv_depth: 64,
+        recv_size: 8320,
+        max_dest_rd_atomic: 16,
+        max_rd_atomic: 16,
+        private_data: b"hi".to_vec(),
+    };
     vec![("hello", h.encode())]
 }

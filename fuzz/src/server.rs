@@ -33,6 +33,9 @@ pub fn run_steps(setup: &Setup, steps: impl IntoIterator<Item = ServerStep>) {
 struct Harness {
     proto: ServerProto,
     ops: Tracker,
+    /// Our receive buffers' size: the transport never delivers a longer frame (it fails the
+    /// connection instead).
+    recv_size: usize,
     now: Instant,
     /// Calls whose handler runs: a Request event came, and no Cancel nor response since.
     running: BTreeSet<u64>,
@@ -45,6 +48,7 @@ impl Harness {
         Harness {
             proto: ServerProto::new(&cfg, &peer),
             ops: Tracker::new(&[Kind::Response, Kind::Credit], peer, cfg.max_message_size),
+            recv_size: cfg.recv_size() as usize,
             now: Instant::now(),
             running: BTreeSet::new(),
         }
@@ -66,7 +70,11 @@ impl Harness {
                     }
                 };
                 let expected = self.running.remove(&id);
-                assert_eq!(self.proto.respond(id, result), expected, "respond({id}) disagrees on whether it runs");
+                assert_eq!(
+                    self.proto.respond(id, result),
+                    expected,
+                    "respond({id}) disagrees on whether it runs"
+                );
             }
             ServerStep::Registered { pick, ok } => {
                 if let Some((call_id, result)) = self.ops.take_register(pick, ok) {
@@ -93,6 +101,9 @@ impl Harness {
     }
 
     fn deliver(&mut self, frame: &[u8]) -> bool {
+        if frame.len() > self.recv_size {
+            return self.die();
+        }
         match self.proto.handle_recv(frame, self.now) {
             Ok(()) => {
                 self.ops.on_received(frame);
@@ -117,6 +128,11 @@ impl Harness {
         while let Some(op) = self.proto.poll_op() {
             self.ops.on_op(op);
         }
+        self.take_events();
+        assert!(self.proto.calls_in_flight() >= self.running.len(), "running handlers not counted in flight");
+    }
+
+    fn take_events(&mut self) {
         while let Some(event) = self.proto.poll_event() {
             match event {
                 ServerEvent::Request { call_id, .. } => {
@@ -127,13 +143,13 @@ impl Harness {
                 }
             }
         }
-        assert!(self.proto.calls_in_flight() >= self.running.len(), "running handlers not counted in flight");
     }
 
+    /// The connection died; as in the runtime, it is closed first: no operation is posted any more.
     fn die(&mut self) -> bool {
         self.proto.fail_all();
         self.running.clear();
-        self.drain();
+        self.take_events();
         assert_eq!(self.proto.calls_in_flight(), 0, "calls left after the connection died");
         false
     }

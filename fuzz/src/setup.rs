@@ -1,7 +1,7 @@
 //! Connection setup for the state-machine targets: our config and the peer's limits, in the
 //! ranges a real connection can have.
 
-use rpc_core::proto::{Hello, PeerLimits, ProtoConfig};
+use rpc_core::proto::{Hello, PeerLimits, ProtoConfig, HEADER_LEN, MAX_ERROR_MESSAGE};
 
 use crate::input::Setup;
 
@@ -17,11 +17,19 @@ pub fn config(s: &Setup) -> ProtoConfig {
         .max_message_size(u64::from(s.max_message).min(MAX_PAYLOAD))
 }
 
-/// What the peer announced, as the runtime's handshake accepts it: at least 2 receives (the
-/// transports allow at most 65536), a receive size of at least 1 byte.
+/// The smallest receive buffer a peer can have: a header and the largest error body, which is
+/// what [`ProtoConfig::recv_size`] gives for the smallest eager threshold.
+pub const MIN_PEER_RECV_SIZE: u32 = (HEADER_LEN + 2 + MAX_ERROR_MESSAGE) as u32;
+
+/// What the peer announced: at least 2 receives (as the runtime's handshake requires; the
+/// transports allow at most 65536) of at least [`MIN_PEER_RECV_SIZE`] bytes. (The handshake does
+/// not check the size yet: with less, our frames do not fit and the transport refuses to send
+/// them, which closes the connection.)
 pub fn peer(s: &Setup) -> PeerLimits {
-    let hello = Hello { eager_threshold: u32::from(s.peer_eager), max_message_size: u64::from(s.peer_max_message) };
-    peer_limits(2 + u32::from(s.peer_recv_depth % 63), u32::from(s.peer_recv_size).max(1), hello)
+    let hello =
+        Hello { eager_threshold: u32::from(s.peer_eager), max_message_size: u64::from(s.peer_max_message) };
+    let recv_size = u32::from(s.peer_recv_size).max(MIN_PEER_RECV_SIZE);
+    peer_limits(2 + u32::from(s.peer_recv_depth % 63), recv_size, hello)
 }
 
 /// The one place the fuzz crate builds a [`PeerLimits`] (its fields grow with the protocol).

@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 
 use bytes::Bytes;
-use rpc_core::proto::{Header, Kind, Op, PeerLimits, DESC_LEN, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN, MAX_ERROR_MESSAGE};
+use rpc_core::proto::{
+    Header, Kind, Op, PeerLimits, DESC_LEN, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN, MAX_ERROR_MESSAGE,
+};
 use rpc_transport::{ReadError, RegionDesc};
 
 use crate::input::{payload, ReadOutcome};
@@ -118,6 +120,10 @@ impl Tracker {
             HEADER_LEN
         };
         assert!(frame.len() <= largest, "{:?} frame of {} bytes (at most {largest})", h.kind, frame.len());
+        assert!(
+            frame.len() <= self.peer.recv_size as usize,
+            "a frame larger than the peer's receive buffers"
+        );
         assert!(!self.sends.contains(&wr_id), "SEND wr_id {wr_id} reused while in flight");
         self.sends.push(wr_id);
     }
@@ -156,7 +162,11 @@ impl Tracker {
     /// No region may stay registered once nothing can still need it.
     pub fn check_no_region_left(&self, calls_in_flight: usize) {
         if calls_in_flight == 0 && self.registers.is_empty() {
-            assert!(self.rkeys.is_empty(), "regions left registered with no call in progress: {:?}", self.rkeys);
+            assert!(
+                self.rkeys.is_empty(),
+                "regions left registered with no call in progress: {:?}",
+                self.rkeys
+            );
         }
     }
 }

@@ -3,7 +3,8 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use rpc_core::proto::{
-    decode_desc, encode_desc, Header, Hello, WireError, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN, MAX_ERROR_MESSAGE,
+    decode_desc, encode_desc, Header, Hello, WireError, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN,
+    MAX_ERROR_MESSAGE,
 };
 use rpc_transport::fuzzing::{
     tcp_decode_hello, tcp_encode_hello, RdmaHello, TcpFrame, TcpReaderHarness, TCP_HELLO_FIXED, TCP_STATUS_OK,
@@ -54,7 +55,8 @@ fn check_wire_error(body: &[u8]) {
 
 /// `tcp_wire`: the tcp hello's fixed part and the frame headers.
 pub fn tcp_wire(data: &[u8]) {
-    if let Some(fixed) = data.get(..TCP_HELLO_FIXED).and_then(|f| <&[u8; TCP_HELLO_FIXED]>::try_from(f).ok()) {
+    if let Some(fixed) = data.get(..TCP_HELLO_FIXED).and_then(|f| <&[u8; TCP_HELLO_FIXED]>::try_from(f).ok())
+    {
         if let Ok(h) = tcp_decode_hello(fixed) {
             assert!((1..=1 << 16).contains(&h.recv_depth), "{h:?}");
             assert!((1..=64 << 20).contains(&h.recv_size), "{h:?}");
@@ -155,7 +157,8 @@ pub fn tcp_reader_steps(setup: &ReaderSetup, chunks: impl IntoIterator<Item = Ch
             Chunk::ReadReq { id, offset, len, key_flip } => {
                 let (addr, rkey) = desc.map_or((0, 0), |d| (d.addr, d.rkey));
                 let addr = addr.wrapping_add_signed(i64::from(offset));
-                let f = TcpFrame::ReadReq { id: u64::from(id), addr, len: u64::from(len), rkey: rkey ^ key_flip };
+                let f =
+                    TcpFrame::ReadReq { id: u64::from(id), addr, len: u64::from(len), rkey: rkey ^ key_flip };
                 stream.extend(f.encode());
             }
             Chunk::ReadResp { pick, status, len } => {
@@ -179,7 +182,11 @@ pub fn tcp_reader_steps(setup: &ReaderSetup, chunks: impl IntoIterator<Item = Ch
     assert_eq!(ids, expected, "each of our READs completes exactly once");
     for (wr_id, result) in &run.reads {
         if let Ok(n) = result {
-            assert_eq!(*n as u64, read_lens[(wr_id - 1000) as usize], "READ {wr_id} filled with the wrong length");
+            assert_eq!(
+                *n as u64,
+                read_lens[(wr_id - 1000) as usize],
+                "READ {wr_id} filled with the wrong length"
+            );
         }
     }
     assert!(run.recvs.iter().all(|&n| n <= recv_size as usize), "a receive longer than recv_size");

@@ -40,6 +40,8 @@ pub fn tcp_decode_hello(fixed: &[u8; TCP_HELLO_FIXED]) -> Result<TcpHello, Strin
 
 /// Our tcp hello for these parameters, private data included.
 pub fn tcp_encode_hello(recv_depth: u32, recv_size: u32, private_data: &[u8]) -> Vec<u8> {
+    // `..default()`: ConnParams gains fields (handshake bounds) that the hello does not carry.
+    #[allow(clippy::needless_update)]
     let params = ConnParams {
         recv_depth,
         recv_size,
@@ -104,6 +106,12 @@ impl TcpFrame {
     }
 }
 
+thread_local! {
+    /// One runtime per thread for every run (building one per input would dominate a fuzz run).
+    static RUNTIME: tokio::runtime::Runtime =
+        tokio::runtime::Builder::new_current_thread().enable_time().build().expect("current-thread runtime");
+}
+
 /// A tcp endpoint whose reader is fed from memory: receives posted, one region registered, some
 /// READs of ours pending, as when a real connection's reader task runs.
 #[derive(Debug)]
@@ -162,27 +170,27 @@ impl TcpReaderHarness {
     /// Runs the reader over `stream` until it ends or the framing breaks, fails the endpoint
     /// with that reason (as the tcp backend does), and collects every completion.
     pub fn run(self, stream: &[u8]) -> TcpReaderRun {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("current-thread runtime");
         let (out, mut rx) = mpsc::unbounded_channel();
         let mut reader = Reader::new(self.soft.clone(), out, self.recv_size);
-        let (death, responses) = rt.block_on(async move {
-            // Plays the writer: takes each READ answer (releasing its permit).
-            let writer = tokio::spawn(async move {
-                let mut answers = Vec::new();
-                while let Some(o) = rx.recv().await {
-                    if let Outgoing::ReadResp { id, result, .. } = o {
-                        answers.push((id, result.map(|b| b.len())));
+        // No writer to give the refusal time to leave: close at once.
+        reader.close_grace = std::time::Duration::ZERO;
+        let (death, responses) = RUNTIME.with(|rt| {
+            rt.block_on(async move {
+                // Plays the writer: takes each READ answer (releasing its permit).
+                let writer = tokio::spawn(async move {
+                    let mut answers = Vec::new();
+                    while let Some(o) = rx.recv().await {
+                        if let Outgoing::ReadResp { id, result, .. } = o {
+                            answers.push((id, result.map(|b| b.len())));
+                        }
                     }
-                }
-                answers
-            });
-            let mut r = stream;
-            let death = reader.run(&mut r).await;
-            drop(reader);
-            (death, writer.await.unwrap_or_default())
+                    answers
+                });
+                let mut r = stream;
+                let death = reader.run(&mut r).await;
+                drop(reader);
+                (death, writer.await.unwrap_or_default())
+            })
         });
         self.soft.fail(death.clone());
         let mut run = TcpReaderRun { responses, ..TcpReaderRun::default() };

@@ -2,7 +2,10 @@
 
 mod fuzz_regressions;
 mod harness;
+<<<<<<< HEAD
 mod limits;
+=======
+>>>>>>> fuzz
 mod malformed;
 mod revocation;
 
