@@ -2,10 +2,7 @@
 
 mod fuzz_regressions;
 mod harness;
-<<<<<<< HEAD
 mod limits;
-=======
->>>>>>> fuzz
 mod malformed;
 mod revocation;
 
