@@ -22,10 +22,9 @@ pub fn run(data: &[u8]) {
 pub fn run_steps(setup: &Setup, steps: impl IntoIterator<Item = ClientStep>) {
     let mut h = Harness::new(setup);
     for step in steps {
-        if !h.step(step) {
-            return; // the connection died: closing it releases every region
+        if !h.step(step) || !h.drain() {
+            return; // the connection died (die() checked that every region was revoked)
         }
-        h.drain();
     }
     h.finish();
 }
@@ -49,11 +48,16 @@ impl Harness {
     fn new(setup: &Setup) -> Harness {
         let cfg = config(setup);
         let peer = peer(setup);
+        let now = Instant::now();
         Harness {
-            proto: ClientProto::new(&cfg, &peer),
-            ops: Tracker::new(&[Kind::Request, Kind::Cancel, Kind::Credit], peer, cfg.max_message_size),
+            proto: ClientProto::new(&cfg, &peer, now),
+            ops: Tracker::new(
+                &[Kind::Request, Kind::Cancel, Kind::Credit, Kind::Ping, Kind::Pong],
+                peer,
+                cfg.max_message_size,
+            ),
             recv_size: cfg.recv_size() as usize,
-            now: Instant::now(),
+            now,
             next_id: 1,
             started: Vec::new(),
             live: BTreeSet::new(),
@@ -127,8 +131,8 @@ impl Harness {
                     }
                 }
             }
-            ClientStep::Advance(ms) => self.advance(Duration::from_millis(u64::from(ms))),
-            ClientStep::AdvanceSecs(s) => self.advance(Duration::from_secs(u64::from(s))),
+            ClientStep::Advance(ms) => return self.advance(Duration::from_millis(u64::from(ms))),
+            ClientStep::AdvanceSecs(s) => return self.advance(Duration::from_secs(u64::from(s))),
         }
         true
     }
@@ -137,7 +141,7 @@ impl Harness {
         if frame.len() > self.recv_size {
             return self.die();
         }
-        match self.proto.handle_recv(frame) {
+        match self.proto.handle_recv(frame, self.now) {
             Ok(()) => {
                 self.ops.on_received(frame);
                 true
@@ -146,16 +150,23 @@ impl Harness {
         }
     }
 
-    fn advance(&mut self, by: Duration) {
+    /// Moves the clock; `false` if a timeout was fatal (a silent peer, an overdue READ or done
+    /// report): the connection dies.
+    fn advance(&mut self, by: Duration) -> bool {
         self.now += by;
-        self.proto.handle_timeout(self.now);
+        match self.proto.handle_timeout(self.now) {
+            Ok(()) => true,
+            Err(_) => self.die(),
+        }
     }
 
     /// Takes every operation and event, as the driver does after each input; runs the timers
     /// when they are due, and checks that they are then no longer due.
-    fn drain(&mut self) {
-        if self.proto.poll_timeout().is_some_and(|at| at <= self.now) {
-            self.proto.handle_timeout(self.now);
+    fn drain(&mut self) -> bool {
+        if self.proto.poll_timeout().is_some_and(|at| at <= self.now)
+            && self.proto.handle_timeout(self.now).is_err()
+        {
+            return self.die();
         }
         if let Some(at) = self.proto.poll_timeout() {
             assert!(at > self.now, "a timer still due after handle_timeout: the driver would spin");
@@ -165,6 +176,8 @@ impl Harness {
         }
         self.take_events();
         assert_eq!(self.proto.calls_in_flight(), self.live.len(), "calls in flight disagree");
+        self.ops.check_regions(self.proto.regions_advertised());
+        true
     }
 
     fn take_events(&mut self) {
@@ -177,14 +190,15 @@ impl Harness {
     /// runtime, the connection is closed first: no operation is posted any more.
     fn die(&mut self) -> bool {
         self.proto.fail_all("fuzz: connection closed");
+        self.ops.revoke_after_close(|| self.proto.poll_op());
         self.take_events();
         assert!(self.live.is_empty(), "calls lost when the connection died: {:?}", self.live);
         false
     }
 
     fn finish(mut self) {
-        self.drain();
-        self.ops.check_no_region_left(self.proto.calls_in_flight());
-        self.die();
+        if self.drain() {
+            self.die();
+        }
     }
 }

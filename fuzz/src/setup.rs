@@ -34,5 +34,5 @@ pub fn peer(s: &Setup) -> PeerLimits {
 
 /// The one place the fuzz crate builds a [`PeerLimits`] (its fields grow with the protocol).
 pub fn peer_limits(recv_depth: u32, recv_size: u32, hello: Hello) -> PeerLimits {
-    PeerLimits { recv_depth, recv_size, hello }
+    PeerLimits { recv_depth, recv_size, hello, max_reads_in_flight: 8, max_read_size: MAX_PAYLOAD }
 }

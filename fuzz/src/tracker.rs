@@ -159,12 +159,31 @@ impl Tracker {
         Some((wr_id, if ok { Ok(()) } else { Err("injected send failure".into()) }))
     }
 
-    /// No region may stay registered once nothing can still need it.
-    pub fn check_no_region_left(&self, calls_in_flight: usize) {
-        if calls_in_flight == 0 && self.registers.is_empty() {
+    /// Every key registered and not revoked is a region the protocol still counts as advertised
+    /// (none leaks, none is revoked while counted).
+    pub fn check_regions(&self, advertised: usize) {
+        if self.registers.is_empty() {
+            assert_eq!(
+                self.rkeys.len(),
+                advertised,
+                "registered keys {:?} vs regions advertised",
+                self.rkeys
+            );
+        }
+    }
+
+    /// After the connection closed: the runtime posts only the revocations the protocol still
+    /// asks for; every region must be revoked then.
+    pub fn revoke_after_close(&mut self, mut next_op: impl FnMut() -> Option<Op>) {
+        while let Some(op) = next_op() {
+            if matches!(op, Op::Deregister { .. }) {
+                self.on_op(op);
+            }
+        }
+        if self.registers.is_empty() {
             assert!(
                 self.rkeys.is_empty(),
-                "regions left registered with no call in progress: {:?}",
+                "regions left registered after the connection died: {:?}",
                 self.rkeys
             );
         }

@@ -164,7 +164,8 @@ impl ServerProto {
         if let Some(at) = deadline {
             self.deadlines.push(at, call_id);
         }
-        let mut call = Call { method: header.method_id, state: State::Running, timeout, deadline, reserved: 0 };
+        let mut call =
+            Call { method: header.method_id, state: State::Running, timeout, deadline, reserved: 0 };
         match desc {
             Some(remote) => {
                 call.state = State::ReadingRequest;

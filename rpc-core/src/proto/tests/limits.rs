@@ -166,7 +166,10 @@ fn handlers_wait_while_responses_awaiting_done_fill_the_budget() {
     p.pump();
     assert!(p.server.try_start_handler(3, 50_000), "the client READ the first response");
     p.server.respond(3, Ok(payload(50_000, 3)));
-    assert!(!p.server.try_start_handler(4, 50_000), "reserved from respond(), before the registration is posted");
+    assert!(
+        !p.server.try_start_handler(4, 50_000),
+        "reserved from respond(), before the registration is posted"
+    );
     p.pump();
     assert!(p.server.try_start_handler(4, 50_000));
     p.server.respond(4, Ok(payload(8, 4)));
