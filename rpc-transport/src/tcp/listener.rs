@@ -1,19 +1,22 @@
 //! The tcp listener: accepts sockets in a background task and runs each handshake in its own
 //! task, so that a slow or broken client never holds up the others.
 //!
-//! At most [`ConnParams::max_pending_handshakes`] handshakes run at once: a permit is taken
-//! *before* `accept()`, so further clients wait in the kernel's listen backlog (costing us
-//! nothing) rather than as accepted sockets. A permit is held until the connection is handed to
-//! [`Listener::accept`]'s queue (or its setup failed), so a server that stops accepting also
-//! stops taking new sockets.
+//! At most [`ConnParams::max_pending_handshakes`] connections are being set up at once (or wait,
+//! set up, for [`Listener::accept`]'s queue, so a server that stops accepting also stops taking
+//! new sockets). When all of them are taken and a new client arrives, the oldest one still
+//! waiting for its hello is dropped to make room: a peer that opens silent sockets cannot keep
+//! others out, since an honest client sends its hello within a round trip of connecting. When
+//! every pending connection is past its hello, further clients wait in the kernel's listen
+//! backlog, costing us nothing.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 use super::accept_stream;
 use crate::soft::validate_params;
@@ -61,14 +64,42 @@ impl Drop for TcpListenerHandle {
     }
 }
 
+/// Handshakes still waiting for the peer's hello, oldest first: the ones that may be evicted.
+type AwaitingHello = Arc<Mutex<VecDeque<(u64, AbortHandle)>>>;
+
 async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sender<Box<dyn Connection>>) {
     let handshakes = Arc::new(Semaphore::new(params.max_pending_handshakes));
+    let awaiting: AwaitingHello = Arc::default();
+    let mut next_id = 0u64;
     loop {
-        // The permit first: beyond the bound, clients wait in the kernel backlog, not accepted.
-        let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
+        let mut permit = handshakes.clone().try_acquire_owned().ok();
+        if permit.is_none() && lock(&awaiting).is_empty() {
+            // Every pending connection is past its hello: let new clients wait in the backlog.
+            let Ok(p) = handshakes.clone().acquire_owned().await else { return };
+            permit = Some(p);
+        }
         match socket.accept().await {
             Ok((stream, peer)) => {
-                tokio::spawn(handshake_one(stream, peer, params.clone(), ready.clone(), permit));
+                let permit = match permit {
+                    Some(p) => p,
+                    None => {
+                        evict_oldest(&awaiting);
+                        let Ok(p) = handshakes.clone().acquire_owned().await else { return };
+                        p
+                    }
+                };
+                next_id += 1;
+                let id = next_id;
+                let task = handshake_one(
+                    stream,
+                    peer,
+                    params.clone(),
+                    ready.clone(),
+                    permit,
+                    (id, awaiting.clone()),
+                );
+                let handle = tokio::spawn(task).abort_handle();
+                lock(&awaiting).push_back((id, handle));
             }
             Err(e) => {
                 drop(permit);
@@ -80,14 +111,35 @@ async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sende
     }
 }
 
+fn lock(a: &AwaitingHello) -> std::sync::MutexGuard<'_, VecDeque<(u64, AbortHandle)>> {
+    a.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Drops the oldest handshake still waiting for its hello (its permit is released as its task
+/// is dropped).
+fn evict_oldest(awaiting: &AwaitingHello) {
+    let mut q = lock(awaiting);
+    while let Some((_, handle)) = q.pop_front() {
+        if !handle.is_finished() {
+            tracing::debug!("all handshake slots taken: dropping the oldest peer still silent");
+            handle.abort();
+            return;
+        }
+    }
+}
+
 async fn handshake_one(
     stream: TcpStream,
     peer: SocketAddr,
     params: ConnParams,
     ready: mpsc::Sender<Box<dyn Connection>>,
     permit: OwnedSemaphorePermit,
+    (id, awaiting): (u64, AwaitingHello),
 ) {
-    match accept_stream(stream, &params, peer).await {
+    let setup = accept_stream(stream, &params, peer).await;
+    // Past the hello (or failed): no longer a candidate for eviction.
+    lock(&awaiting).retain(|(i, _)| *i != id);
+    match setup {
         Ok(conn) => {
             if ready.send(Box::new(conn)).await.is_err() {
                 tracing::debug!(%peer, "tcp listener gone; dropping new connection");
