@@ -8,7 +8,7 @@
 //! * [`load`]: the closed-loop load generator (connections × tasks × outstanding calls) with
 //!   HDR histograms.
 //! * [`report`], [`plot`]: the table, JSON, CSV and PNG plots.
-//! * [`env`]: the environment recorded with results, CPU pinning and the tokio runtime.
+//! * [`env`](mod@env): the environment recorded with results, CPU pinning and the tokio runtime.
 //! * [`server_proc`]: the server as a child process of the same binary.
 //! * [`commands`]: the subcommands of `rpc-bench`.
 

@@ -28,6 +28,7 @@
 //! the done timeout (which closes the connection). Buffers of operations in flight belong to the
 //! connection's driver until their completions arrive, never to the dropped future.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod buffers;

@@ -61,7 +61,8 @@ pub const fn assert_unique_ids(ids: &[MethodId]) {
     }
 }
 
-/// Client side of a generated method: encodes `args`, calls, decodes the response.
+/// Client side of a generated method: encodes `args`, calls, decodes the response. The deadline
+/// counts from here, so encoding the arguments counts against it.
 pub async fn call<Args, Resp>(
     client: &Client,
     opts: &CallOptions,
@@ -72,9 +73,10 @@ where
     Args: Serialize,
     Resp: DeserializeOwned,
 {
+    let started = tokio::time::Instant::now();
     let payload =
         crate::codec::encode(args).map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
-    let response = client.call(method, payload, opts).await?;
+    let (response, _) = client.call_since(started, method, payload, opts).await?;
     crate::codec::decode(&response).map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
 }
 

@@ -4,6 +4,8 @@
 //! signature (span-accurate errors), and emits a few items that delegate all behaviour (encoding,
 //! calls, dispatch) to `rpc_core::__private`.
 
+#![forbid(unsafe_code)]
+
 mod args;
 mod errors;
 mod expand;

@@ -427,6 +427,22 @@ fn unsupported_method_signatures_are_rejected() {
         (
             quote!(
                 trait Kv {
+                    async fn clone(&self);
+                }
+            ),
+            "would shadow `Clone::clone` on the generated `KvClient`",
+        ),
+        (
+            quote!(
+                trait Kv {
+                    async fn fmt(&self, f: u8);
+                }
+            ),
+            "would shadow `Debug::fmt` on the generated `KvClient`",
+        ),
+        (
+            quote!(
+                trait Kv {
                     async fn GET(&self);
                 }
             ),
@@ -467,4 +483,41 @@ fn static_lifetimes_and_mut_bindings_are_accepted() {
         ),
     );
     assert!(out.contains("fn get (& self , a : Cow < 'static , str >)"), "`mut` is dropped: {out}");
+}
+
+#[test]
+fn every_name_the_client_already_has_is_rejected_at_the_method_name() {
+    let names = [
+        "new",
+        "with_options",
+        "client",
+        "clone",
+        "clone_from",
+        "fmt",
+        "to_owned",
+        "clone_into",
+        "borrow",
+        "borrow_mut",
+        "type_id",
+        "from",
+        "into",
+        "try_from",
+        "try_into",
+    ];
+    for name in names {
+        let ident = proc_macro2::Ident::new(name, proc_macro2::Span::call_site());
+        let errors = expand_errors(quote!(), quote!(trait Kv { async fn #ident(&self); }));
+        assert_eq!(errors.len(), 1, "{name}: {errors:?}");
+        assert!(errors[0].contains(&format!("method name `{name}`")), "{name}: {errors:?}");
+    }
+    // Names close to them are fine.
+    expand_ok(
+        quote!(),
+        quote!(
+            trait Kv {
+                async fn clone_object(&self);
+                async fn format(&self);
+            }
+        ),
+    );
 }

@@ -17,6 +17,26 @@ use crate::model::{ArgDef, MethodDef};
 /// Client stub methods every service gets; a service method of the same name would clash.
 const RESERVED_CLIENT_METHODS: &[&str] = &["new", "with_options", "client"];
 
+/// Methods of the traits every generated client implements (derived `Clone` and `Debug`, and the
+/// standard library's blanket impls for every sized `Clone` type), with the trait. A service
+/// method of the same name would be an inherent method of the client, and inherent methods win
+/// over trait methods in method calls and in paths (`KvClient::clone`), silently changing what
+/// code that clones or formats a client does.
+const CLIENT_TRAIT_METHODS: &[(&str, &str)] = &[
+    ("clone", "Clone"),
+    ("clone_from", "Clone"),
+    ("fmt", "Debug"),
+    ("to_owned", "ToOwned"),
+    ("clone_into", "ToOwned"),
+    ("borrow", "Borrow"),
+    ("borrow_mut", "BorrowMut"),
+    ("type_id", "Any"),
+    ("from", "From"),
+    ("into", "Into"),
+    ("try_from", "TryFrom"),
+    ("try_into", "TryInto"),
+];
+
 /// The trait itself: no `unsafe`, `auto`, generics or where clause.
 pub(crate) fn trait_header(item: &ItemTrait, errors: &mut Errors) {
     if let Some(unsafety) = &item.unsafety {
@@ -229,6 +249,12 @@ pub(crate) fn method_names(service: &Ident, methods: &[MethodDef], errors: &mut 
         if RESERVED_CLIENT_METHODS.contains(&name.as_str()) {
             let msg =
                 format!("method name `{name}` clashes with the generated `{client}::{name}`; rename it");
+            errors.at(&method.ident, msg);
+        } else if let Some((_, tr)) = CLIENT_TRAIT_METHODS.iter().find(|(m, _)| *m == name) {
+            let msg = format!(
+                "method name `{name}` would shadow `{tr}::{name}` on the generated `{client}`, which \
+                 implements `{tr}`; rename it"
+            );
             errors.at(&method.ident, msg);
         } else if constant == name {
             let msg = format!(

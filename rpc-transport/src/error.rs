@@ -16,7 +16,7 @@ pub enum TransportError {
     #[error("transport backend unavailable: {0}")]
     Unavailable(String),
     /// Connecting to the peer failed.
-    #[error("connect to {addr} failed")]
+    #[error("connect to {addr} failed: {source}")]
     Connect {
         /// The peer address.
         addr: String,
@@ -25,7 +25,7 @@ pub enum TransportError {
         source: io::Error,
     },
     /// Binding or listening failed.
-    #[error("listen on {addr} failed")]
+    #[error("listen on {addr} failed: {source}")]
     Listen {
         /// The local address.
         addr: String,
@@ -40,7 +40,7 @@ pub enum TransportError {
     #[error("connection closed: {0}")]
     Disconnected(String),
     /// An I/O error on the underlying channel.
-    #[error("transport I/O error")]
+    #[error("transport I/O error: {0}")]
     Io(#[from] io::Error),
     /// The peer sent bytes that violate the transport's framing; the connection was closed.
     #[error("malformed transport frame: {0}")]

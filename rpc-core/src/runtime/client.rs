@@ -18,7 +18,7 @@ use tracing::Instrument;
 use super::config::{CallOptions, ClientConfig};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
-use crate::error::{CallError, ConnectError};
+use crate::error::{CallError, ConnectError, RemoteError};
 use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, StartError};
 
 type Reply = oneshot::Sender<Result<(Bytes, CallInfo), CallError>>;
@@ -97,15 +97,30 @@ impl Client {
     }
 
     /// Like [`Client::call`], and tells which path (eager or rendezvous) each direction took.
+    /// The deadline counts from this call.
     pub async fn call_with_info(
         &self,
         method: MethodId,
         payload: Bytes,
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
+        self.call_since(tokio::time::Instant::now(), method, payload, opts).await
+    }
+
+    /// Calls `method`, the deadline counting from `started` (the generated stubs pass the moment
+    /// they were called, so encoding the arguments counts). A call whose deadline has passed
+    /// before it is sent is not sent.
+    pub(crate) async fn call_since(
+        &self,
+        started: tokio::time::Instant,
+        method: MethodId,
+        payload: Bytes,
+        opts: &CallOptions,
+    ) -> Result<(Bytes, CallInfo), CallError> {
         let timeout = opts.deadline.or(self.shared.default_deadline);
-        let started = tokio::time::Instant::now();
-        let permit = match timeout {
+        let remaining = || timeout.map(|t| t.saturating_sub(started.elapsed()));
+        let permit = match remaining() {
+            Some(Duration::ZERO) => return Err(CallError::DeadlineExceeded),
             Some(t) => tokio::time::timeout(t, self.shared.in_flight.acquire()).await,
             None => Ok(self.shared.in_flight.acquire().await),
         };
@@ -114,7 +129,10 @@ impl Client {
             Ok(Err(_)) => return Err(CallError::Disconnected("client closed".into())),
             Err(_) => return Err(CallError::DeadlineExceeded),
         };
-        let remaining = timeout.map(|t| t.saturating_sub(started.elapsed()));
+        let remaining = remaining();
+        if remaining == Some(Duration::ZERO) {
+            return Err(CallError::DeadlineExceeded);
+        }
         let call_id = self.shared.next_call_id.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(
             "call",
@@ -295,7 +313,7 @@ fn start_error(e: StartError) -> CallError {
 
 fn call_error(f: CallFailure) -> CallError {
     match f {
-        CallFailure::Remote(w) => CallError::Remote(w.into()),
+        CallFailure::Remote(w) => RemoteError::from(w).into(),
         CallFailure::DeadlineExceeded => CallError::DeadlineExceeded,
         CallFailure::ReadFailed(e) => CallError::Transfer(format!("reading the response: {e}")),
         CallFailure::TooLarge { len, max } => CallError::PayloadTooLarge { len, max },

@@ -1,0 +1,127 @@
+//! What a caller sees when a call fails: one variant per condition, causes kept in the message
+//! and the source chain, deadlines that count from the call.
+
+mod common;
+
+use std::error::Error as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{setup_with, Kind};
+use rpc_core::{CallError, CallOptions, Client, ClientConfig, ConnectError, Server, ServerConfig};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// Limit of the side that receives too much in these tests.
+const SMALL: u64 = 64 << 10;
+
+/// Encoded length of a `Bytes` (or a `(Bytes,)`) of `len` bytes: bincode's varint length prefix
+/// (`0xfc` and four bytes for lengths up to `u32::MAX`), then the bytes.
+fn encoded_len(len: u64) -> u64 {
+    len + 5
+}
+
+over_all_transports! {
+    async fn response_over_the_clients_limit_is_payload_too_large(kind: Kind) {
+        let s = setup_with(
+            kind,
+            ServerConfig::default().proto(common::proto()),
+            ClientConfig::default().proto(common::proto().max_message_size(SMALL)),
+        )
+        .await;
+        let len = 1 << 20;
+        let err = s.client.fill(len, 7).await.unwrap_err();
+        assert_eq!(err, CallError::PayloadTooLarge { len: encoded_len(len), max: SMALL });
+        // The connection carries on.
+        assert_eq!(s.client.fill(16, 7).await.unwrap(), common::pattern(16, 7));
+    }
+
+    async fn request_over_the_servers_limit_is_payload_too_large(kind: Kind) {
+        let s = setup_with(
+            kind,
+            ServerConfig::default().proto(common::proto().max_message_size(SMALL)),
+            ClientConfig::default().proto(common::proto()),
+        )
+        .await;
+        let len = 1 << 20;
+        let err = s.client.size(Bytes::from(vec![1u8; len as usize])).await.unwrap_err();
+        assert_eq!(err, CallError::PayloadTooLarge { len: encoded_len(len), max: SMALL });
+        assert_eq!(s.client.size(Bytes::from_static(b"abc")).await.unwrap(), 3);
+    }
+
+    async fn encoding_a_64_mib_argument_counts_against_a_2_ms_deadline(kind: Kind) {
+        let s = common::setup(kind).await;
+        let hurried = s.client.with_options(CallOptions::new().deadline(Duration::from_millis(2)));
+        let err = hurried.echo(Bytes::from(vec![3u8; 64 << 20])).await.unwrap_err();
+        assert_eq!(err, CallError::DeadlineExceeded);
+        assert_eq!(s.client.size(Bytes::from_static(b"abcd")).await.unwrap(), 4);
+    }
+}
+
+/// An argument whose encoding takes `encode_ms` (a stand-in for a large or costly argument).
+#[derive(Debug, Deserialize)]
+pub struct SlowToEncode {
+    encode_ms: u64,
+}
+
+impl Serialize for SlowToEncode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        std::thread::sleep(Duration::from_millis(self.encode_ms));
+        s.serialize_u64(self.encode_ms)
+    }
+}
+
+#[rpc_core::service]
+pub trait Counter {
+    /// Counts the calls that reached the handler.
+    async fn take(&self, arg: SlowToEncode) -> u64;
+}
+
+struct CounterImpl(Arc<AtomicU64>);
+
+impl Counter for CounterImpl {
+    async fn take(&self, _arg: SlowToEncode) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_deadline_passes_while_encoding_is_never_sent() {
+    let count = Arc::new(AtomicU64::new(0));
+    let addr = Kind::Mem.bind_addr();
+    let server = Server::bind(&addr, ServerConfig::default(), CounterServer::new(CounterImpl(count.clone())))
+        .await
+        .expect("bind");
+    let client =
+        Client::connect(&server.local_addr().to_string(), ClientConfig::default()).await.expect("connect");
+    let stub = CounterClient::new(client.clone());
+    let sent_before = client.stats().await.unwrap().proto.eager_sent;
+
+    let hurried = stub.with_options(CallOptions::new().deadline(Duration::from_millis(5)));
+    let err = hurried.take(SlowToEncode { encode_ms: 50 }).await.unwrap_err();
+    assert_eq!(err, CallError::DeadlineExceeded);
+    assert_eq!(client.stats().await.unwrap().proto.eager_sent, sent_before, "the expired call was sent");
+
+    // The next call is the first the handler sees.
+    assert_eq!(stub.take(SlowToEncode { encode_ms: 0 }).await.unwrap(), 1);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_error_names_its_cause_and_keeps_it_as_source() {
+    // A port nobody listens on: bind one, then close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("tcp://127.0.0.1:{port}");
+    let err = tokio::time::timeout(common::LIMIT, Client::connect(&addr, ClientConfig::default()))
+        .await
+        .expect("connect timed out")
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::Transport(_)), "{err:?}");
+    let source = err.source().expect("the cause is kept as the source");
+    let io = source.downcast_ref::<std::io::Error>().expect("the source is the I/O error");
+    assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+    let shown = err.to_string();
+    assert!(shown.starts_with(&format!("connect to 127.0.0.1:{port} failed: ")), "{shown}");
+    assert!(shown.ends_with(&io.to_string()), "{shown}");
+}
