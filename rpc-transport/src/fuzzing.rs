@@ -9,10 +9,13 @@ pub use crate::tcp::fuzzing::{
 
 // The rdma hello is pure decoding with no verbs dependency: compiled here without the `rdma`
 // feature, so that its fuzz target needs no rdma-core. Items only the rdma backend uses are
-// unused in this copy.
+// unused in this copy. With the feature, the backend's own module is used.
+#[cfg(not(feature = "rdma"))]
 #[allow(dead_code)]
 #[path = "rdma/hello.rs"]
 mod rdma_hello;
+#[cfg(feature = "rdma")]
+use crate::rdma::hello as rdma_hello;
 
 use bytes::Bytes;
 

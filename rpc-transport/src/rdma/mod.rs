@@ -62,7 +62,7 @@ mod conn;
 mod cq;
 mod device;
 mod error;
-mod hello;
+pub(crate) mod hello;
 mod listener;
 mod post;
 mod setup;
