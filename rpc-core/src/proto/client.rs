@@ -151,7 +151,9 @@ impl ClientProto {
         // A timeout too far away to be a point in time (`Duration::MAX`) is no deadline.
         let deadline = timeout.and_then(|t| now.checked_add(t));
         if let Some(at) = deadline {
-            self.deadlines.push(at, call_id);
+            let calls = &self.calls;
+            let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
+            self.deadlines.push_pruned(at, call_id, calls.len() + 1, live);
         }
         let mut call =
             Call { method, state: State::AwaitingResponse, timeout, deadline, info: CallInfo::default() };

@@ -104,7 +104,9 @@ impl Rendezvous {
             self.next_read_wr += 1;
             let expires = now.checked_add(self.read_timeout);
             if let Some(at) = expires {
-                self.read_deadlines.push(at, wr_id);
+                let reads = &self.in_flight;
+                let live = |id, at| reads.get(&id).is_some_and(|r: &InFlight| r.expires == Some(at));
+                self.read_deadlines.push_pruned(at, wr_id, reads.len() + 1, live);
             }
             self.in_flight.insert(wr_id, InFlight { call_id, len: remote.len, expires, abandoned: false });
             stats.reads_issued += 1;
@@ -159,7 +161,9 @@ impl Rendezvous {
     pub fn advertise(&mut self, call_id: u64, desc: &RegionDesc, now: Instant, stats: &mut ProtoStats) {
         let expires = now.checked_add(self.done_timeout);
         if let Some(at) = expires {
-            self.done_deadlines.push(at, call_id);
+            let regions = &self.advertised;
+            let live = |id, at| regions.get(&id).is_some_and(|r: &Advertised| r.expires == Some(at));
+            self.done_deadlines.push_pruned(at, call_id, regions.len() + 1, live);
         }
         self.advertised.insert(call_id, Advertised { rkey: desc.rkey, len: desc.len, expires });
         self.note(stats);

@@ -162,7 +162,9 @@ impl ServerProto {
         };
         let deadline = timeout.and_then(|t| now.checked_add(t));
         if let Some(at) = deadline {
-            self.deadlines.push(at, call_id);
+            let calls = &self.calls;
+            let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
+            self.deadlines.push_pruned(at, call_id, calls.len() + 1, live);
         }
         let mut call =
             Call { method: header.method_id, state: State::Running, timeout, deadline, reserved: 0 };
