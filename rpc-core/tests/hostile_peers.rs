@@ -219,13 +219,26 @@ async fn rendezvous_flood_with_cancels_stays_within_the_budget_and_is_cut_by_the
         let w = start_window().await;
         let legit = Legit::start(t.kv.clone(), "a", 64 * 1024);
         let started = Instant::now();
+        let mut ids = Vec::new();
         for i in 0..16u64 {
             let id = att.call_id();
             let desc = RegionDesc { addr: 0x1000_0000 * (i + 1), len: VALUE as u64, rkey: 100 + i as u32 };
+            if att.request_rendezvous(id, KvClient::PUT, desc, WRITE_BOUND).await != SendOutcome::Sent {
+                break;
+            }
+            ids.push(id);
+        }
+        // Cancel only once the server has READs in flight (a cancel that arrives before the READ
+        // is issued is answered with a done report and costs nothing: not this attack).
+        let issued = async {
+            while att.seen().read_reqs == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(WRITE_BOUND, issued).await.expect("the server READs the first requests");
+        for id in ids {
             // The server may close the connection before the last ones are sent.
-            if att.request_rendezvous(id, KvClient::PUT, desc, WRITE_BOUND).await != SendOutcome::Sent
-                || att.cancel(id, WRITE_BOUND).await != SendOutcome::Sent
-            {
+            if att.cancel(id, WRITE_BOUND).await != SendOutcome::Sent {
                 break;
             }
         }
