@@ -361,6 +361,11 @@ impl ServerDriver {
             self.spawn_handler(req, permit);
             started = true;
         }
+        if self.waiting.is_empty() {
+            // Nothing waits any more (cancelled): give up our place in the server-wide queue, or
+            // a slot handed to it would sit unused while other connections wait.
+            self.slot_wait = None;
+        }
         started
     }
 
