@@ -62,11 +62,6 @@ impl SharedBudget {
         self.lock().peak
     }
 
-    /// Whether anything is left (new handlers may start).
-    pub fn has_room(&self) -> bool {
-        self.lock().held < self.limit
-    }
-
     /// Takes `len` bytes if they fit, or if nothing is held (one payload proceeds alone).
     pub(crate) fn try_reserve(&self, len: u64) -> bool {
         let mut s = self.lock();

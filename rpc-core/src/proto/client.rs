@@ -163,7 +163,7 @@ impl ClientProto {
         } else {
             call.state = State::Registering;
             call.info.request = Path::Rendezvous;
-            self.link.rdv.reserve_own(call_id, len, &mut self.link.stats);
+            self.link.rdv.reserve_own(call_id, len);
             self.link.push_op(Op::Register { call_id, data: payload });
         }
         self.calls.insert(call_id, call);
@@ -190,7 +190,7 @@ impl ClientProto {
     /// Reports the outcome of an [`Op::Register`].
     pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
         let registering = self.calls.get(&call_id).is_some_and(|c| c.state == State::Registering);
-        self.link.rdv.registered(call_id, registering && result.is_ok(), &mut self.link.stats);
+        self.link.rdv.registered(call_id, registering && result.is_ok());
         if result.is_ok() {
             self.link.stats.regions_registered += 1;
         }
@@ -207,7 +207,7 @@ impl ClientProto {
                 let (method, timeout) = (call.method, call.timeout);
                 self.link.stats.rendezvous_sent += 1;
                 let now = self.link.now;
-                self.link.rdv.advertise(call_id, &desc, now, &mut self.link.stats);
+                self.link.rdv.advertise(call_id, &desc, now);
                 let body = Bytes::copy_from_slice(&encode_desc(&desc));
                 self.queue_request(call_id, method, timeout, FLAG_RENDEZVOUS, body);
             }
@@ -274,7 +274,6 @@ impl ClientProto {
     /// so it may revoke its region.
     pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
         let Some(read) = self.link.rdv.read_complete(wr_id) else { return };
-        self.link.rdv.update_stats(&mut self.link.stats);
         self.link.report_done(read.call_id);
         if read.abandoned {
             return; // cancelled or expired meanwhile; the buffer is simply dropped now
@@ -394,7 +393,7 @@ impl ClientProto {
 
     /// Counters.
     pub fn stats(&self) -> ProtoStats {
-        self.link.stats
+        self.link.stats()
     }
 
     /// Credits left towards the server (for tests).

@@ -198,7 +198,6 @@ impl Link {
         for rkey in self.rdv.drain_advertised() {
             self.revoke(rkey);
         }
-        self.rdv.update_stats(&mut self.stats);
     }
 
     /// Nothing in progress at this level: no frame unsent or unacknowledged, no region
@@ -212,7 +211,6 @@ impl Link {
         if let Some(rkey) = self.rdv.done(call_id) {
             self.revoke(rkey);
         }
-        self.rdv.update_stats(&mut self.stats);
     }
 
     pub fn poll_op(&mut self) -> Option<Op> {
@@ -324,6 +322,14 @@ impl Link {
         let wr_id = self.next_send_wr;
         self.next_send_wr += 1;
         self.ops.push_back(Op::Send { wr_id, frame: frame.freeze() });
+    }
+
+    /// The counters, with the budget's figures (derived, never stored twice).
+    pub fn stats(&self) -> ProtoStats {
+        let mut stats = self.stats;
+        stats.rendezvous_bytes_held = self.rdv.budget.held();
+        stats.rendezvous_bytes_peak = self.rdv.budget.peak();
+        stats
     }
 
     /// Credits we may still use (for tests and stats).

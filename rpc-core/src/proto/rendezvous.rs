@@ -112,7 +112,6 @@ impl Rendezvous {
             stats.reads_issued += 1;
             ops.push_back(Op::Read { wr_id, remote });
         }
-        self.note(stats);
     }
 
     /// The call's READ will not be used: forget it if queued, mark it if in flight.
@@ -140,25 +139,23 @@ impl Rendezvous {
     /// Our payload of `len` bytes for `call_id` was handed to the protocol for registration:
     /// it counts from now (so that handlers are held back before the registrations are even
     /// posted).
-    pub fn reserve_own(&mut self, call_id: u64, len: u64, stats: &mut ProtoStats) {
+    pub fn reserve_own(&mut self, call_id: u64, len: u64) {
         self.budget.force_reserve(len);
         self.registering.insert(call_id, len);
-        self.note(stats);
     }
 
     /// The registration of `call_id`'s payload came back. If it will not be advertised
     /// (`keep == false`: it failed, or the call was abandoned meanwhile) its bytes are released.
-    pub fn registered(&mut self, call_id: u64, keep: bool, stats: &mut ProtoStats) {
+    pub fn registered(&mut self, call_id: u64, keep: bool) {
         let len = self.registering.remove(&call_id).unwrap_or(0);
         if !keep {
             self.budget.release(len);
         }
-        self.note(stats);
     }
 
     /// Our region for `call_id` was registered (and kept, see [`Self::registered`]) and is
     /// about to be advertised.
-    pub fn advertise(&mut self, call_id: u64, desc: &RegionDesc, now: Instant, stats: &mut ProtoStats) {
+    pub fn advertise(&mut self, call_id: u64, desc: &RegionDesc, now: Instant) {
         let expires = now.checked_add(self.done_timeout);
         if let Some(at) = expires {
             let regions = &self.advertised;
@@ -166,7 +163,6 @@ impl Rendezvous {
             self.done_deadlines.push_pruned(at, call_id, regions.len() + 1, live);
         }
         self.advertised.insert(call_id, Advertised { rkey: desc.rkey, len: desc.len, expires });
-        self.note(stats);
     }
 
     /// The connection is gone: every advertised region's key, to revoke now (the peer can no
@@ -227,15 +223,5 @@ impl Rendezvous {
             }
         }
         Ok(())
-    }
-
-    fn note(&self, stats: &mut ProtoStats) {
-        stats.rendezvous_bytes_held = self.budget.held();
-        stats.rendezvous_bytes_peak = self.budget.peak();
-    }
-
-    /// Refreshes the budget figures in `stats`.
-    pub fn update_stats(&self, stats: &mut ProtoStats) {
-        self.note(stats);
     }
 }

@@ -211,7 +211,6 @@ impl ServerProto {
     /// READ is done in any case, so it may revoke its region.
     pub fn handle_read_complete(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
         let Some(read) = self.link.rdv.read_complete(wr_id) else { return };
-        self.link.rdv.update_stats(&mut self.link.stats);
         let call_id = read.call_id;
         self.link.report_done(call_id);
         if read.abandoned {
@@ -265,18 +264,10 @@ impl ServerProto {
             return false;
         }
         budget.force_reserve(want);
-        self.link.rdv.update_stats(&mut self.link.stats);
         if let Some(call) = self.calls.get_mut(&call_id) {
             call.reserved = want;
         }
         true
-    }
-
-    fn release_reserved(&mut self, reserved: u64) {
-        if reserved != 0 {
-            self.link.rdv.budget.release(reserved);
-            self.link.rdv.update_stats(&mut self.link.stats);
-        }
     }
 
     /// The server-wide budget, when the last READ failed on it: register the driver's waker
@@ -292,7 +283,7 @@ impl ServerProto {
             return false;
         };
         let reserved = std::mem::take(&mut call.reserved);
-        self.release_reserved(reserved);
+        self.link.rdv.budget.release(reserved);
         let payload = match result {
             Ok(p) if p.len() as u64 > self.peer_max_message => Err(WireError::new(
                 WireErrorCode::PayloadTooLarge,
@@ -319,7 +310,7 @@ impl ServerProto {
                 if let Some(call) = self.calls.get_mut(&call_id) {
                     call.state = State::Registering;
                 }
-                self.link.rdv.reserve_own(call_id, p.len() as u64, &mut self.link.stats);
+                self.link.rdv.reserve_own(call_id, p.len() as u64);
                 self.link.push_op(Op::Register { call_id, data: p });
             }
         }
@@ -329,7 +320,7 @@ impl ServerProto {
     /// Reports the outcome of an [`Op::Register`] of a response payload.
     pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
         let registering = self.calls.get(&call_id).is_some_and(|c| c.state == State::Registering);
-        self.link.rdv.registered(call_id, registering && result.is_ok(), &mut self.link.stats);
+        self.link.rdv.registered(call_id, registering && result.is_ok());
         if result.is_ok() {
             self.link.stats.regions_registered += 1;
         }
@@ -346,7 +337,7 @@ impl ServerProto {
                 self.link.stats.rendezvous_sent += 1;
                 self.link.stats.calls_completed += 1;
                 let now = self.link.now;
-                self.link.rdv.advertise(call_id, &desc, now, &mut self.link.stats);
+                self.link.rdv.advertise(call_id, &desc, now);
                 self.queue_response(call_id, FLAG_RENDEZVOUS, Bytes::copy_from_slice(&encode_desc(&desc)));
             }
             Err(e) => {
@@ -371,7 +362,7 @@ impl ServerProto {
     /// revoked: the client may be READing it; it goes with the client's done report.
     fn on_cancel(&mut self, call_id: u64, reason: CancelReason) {
         let Some(call) = self.calls.remove(&call_id) else { return };
-        self.release_reserved(call.reserved);
+        self.link.rdv.budget.release(call.reserved);
         match reason {
             CancelReason::Cancelled => self.link.stats.cancels += 1,
             CancelReason::DeadlineExceeded => self.link.stats.deadlines_expired += 1,
@@ -456,6 +447,6 @@ impl ServerProto {
 
     /// Counters.
     pub fn stats(&self) -> ProtoStats {
-        self.link.stats
+        self.link.stats()
     }
 }
