@@ -82,7 +82,8 @@ impl Pair {
                     let d = self.c.register(data);
                     self.client.handle_registered(call_id, Ok(d));
                 }
-                Op::Deregister { rkey } => {
+                Op::Deregister { region } => {
+                    let rkey = region.rkey;
                     self.c.by_key.remove(&rkey);
                 }
                 Op::Read { wr_id, remote } => {
@@ -112,7 +113,8 @@ impl Pair {
                     let d = self.s.register(data);
                     self.server.handle_registered(call_id, Ok(d));
                 }
-                Op::Deregister { rkey } => {
+                Op::Deregister { region } => {
+                    let rkey = region.rkey;
                     self.s.by_key.remove(&rkey);
                 }
                 Op::Read { wr_id, remote } => {

@@ -78,7 +78,7 @@ impl Tracker {
                 );
                 self.registers.push((call_id, data.len()));
             }
-            Op::Deregister { rkey } => {
+            Op::Deregister { region: rpc_transport::RegionDesc { rkey, .. } } => {
                 assert!(self.rkeys.remove(&rkey), "revoked key {rkey:#x}, which is not registered (twice?)");
             }
             Op::Read { wr_id, remote } => {

@@ -74,8 +74,8 @@ where
     Resp: DeserializeOwned,
 {
     let started = tokio::time::Instant::now();
-    let payload =
-        crate::codec::encode(args).map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
+    let payload = crate::codec::encode_in(client.pool(), args)
+        .map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
     let (response, _) = client.call_since(started, method, payload, opts).await?;
     crate::codec::decode(&response).map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
 }

@@ -105,7 +105,7 @@ over_all_transports! {
         let (client, mut conn, header, desc) = advertised_then_dropped(kind, common::proto()).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(client.stats().await.unwrap().transport.regions_revoked, 0, "not revoked on cancel");
-        conn.post_read(1, desc, vec![0; desc.len as usize]).unwrap();
+        conn.post_read(1, desc, vec![0; desc.len as usize].into()).unwrap();
         let read = loop {
             if let Completion::Read { result, .. } = next_completion(conn.as_mut()).await.unwrap() {
                 break result;

@@ -122,7 +122,6 @@ impl Target {
 
     async fn bind(addr: String, config: ServerConfig, client: ClientConfig) -> Target {
         counting_alloc::assert_installed();
-        counting_alloc::neutralize_buffer_cache();
         let server =
             Server::bind(&addr, config, KvServer::new(Arc::new(MemoryKv::default()))).await.expect("bind");
         let url = server.local_addr().to_string();

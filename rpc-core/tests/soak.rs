@@ -368,7 +368,6 @@ enum Transport {
 async fn soak(transport: Transport) {
     let _serial = counting_alloc::serial().await;
     counting_alloc::assert_installed();
-    counting_alloc::neutralize_buffer_cache();
     let seed = seed();
     let secs = soak_duration();
     eprintln!("soak over {transport:?}: {secs:?}, SOAK_SEED={seed}");

@@ -55,6 +55,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod mem;
+mod pool;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 mod soft;
@@ -62,6 +63,7 @@ pub mod tcp;
 
 pub use address::{connect, listen, Address};
 pub use error::{ReadError, TransportError};
+pub use pool::{Buf, MemPool, PoolCounters, PoolLimits, CHUNK_BYTES, MAX_CLASS};
 
 /// A boxed, `Send` future, as returned by the object-safe parts of the seam.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -131,6 +133,32 @@ pub struct ConnParams {
     /// timeout off. (Liveness of a peer whose host is up but whose process hangs is the
     /// protocol's keepalive's job.)
     pub tcp_keepalive: Option<std::time::Duration>,
+    /// Bounds of the connection's memory pool ([`Connection::pool`]): default 256 MiB kept for
+    /// reuse, of which at most 64 MiB of large buffers idle. On `rdma` this memory is pinned
+    /// (registered); an idle connection that once moved large payloads keeps up to
+    /// `max_idle_bytes` plus the 1 MiB chunks its small buffers came from (receives: about
+    /// `recv_depth * 1.25 * recv_size`).
+    pub pool: PoolLimits,
+    /// What a peer may READ with the keys it is given (`rdma`; `mem` and `tcp` always check a
+    /// region's own key and bounds). Default [`KeyPolicy::PoolKeys`].
+    pub key_policy: KeyPolicy,
+}
+
+/// Which keys advertised regions carry, and so what a peer can READ with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyPolicy {
+    /// Regions from the connection's pool are advertised with their chunk's key: no
+    /// registration per call. The pool and its protection domain belong to this connection
+    /// alone, so the key lets this peer READ only memory that holds data that was, or is about
+    /// to be, exchanged with this same peer; a buffer is reused only after the peer reported its
+    /// READ done (the region was deregistered) or the connection died.
+    #[default]
+    PoolKeys,
+    /// Every advertised region gets a registration (and key) of its own, revoked at the NIC
+    /// when the region is deregistered: a peer can READ exactly the advertised bytes, for
+    /// exactly as long as advertised. Costs an `ibv_reg_mr` and an `ibv_dereg_mr` per large
+    /// payload (on a real NIC roughly a microsecond per 4 KiB page).
+    PerCallKeys,
 }
 
 impl Default for ConnParams {
@@ -142,6 +170,8 @@ impl Default for ConnParams {
             handshake_timeout: std::time::Duration::from_secs(5),
             max_pending_handshakes: 64,
             tcp_keepalive: Some(std::time::Duration::from_secs(10)),
+            pool: PoolLimits::default(),
+            key_policy: KeyPolicy::PoolKeys,
         }
     }
 }
@@ -189,49 +219,68 @@ impl ConnInfo {
 }
 
 /// A receive buffer: owned by the receive queue while posted, by the caller after its completion.
+///
+/// Backends post buffers of their connection's [`MemPool`] (registered memory on `rdma`), so the
+/// NIC writes the message where the caller reads it; [`RecvBuffer::into_bytes`] hands the
+/// message on without copying, and the memory returns to the pool when the last `Bytes` drops.
 pub struct RecvBuffer {
-    data: Box<[u8]>,
-    len: usize,
+    buf: Buf,
+    /// The largest message it takes (the receive size it was posted for).
+    limit: usize,
 }
 
 impl RecvBuffer {
-    /// A new buffer of `size` bytes (backends create these; tests may too).
+    /// A new heap buffer of `size` bytes (tests; backends use their pool).
     pub fn new(size: usize) -> Self {
-        RecvBuffer { data: vec![0; size].into_boxed_slice(), len: 0 }
+        RecvBuffer::from_buf(Buf::zeroed(size))
+    }
+    /// Wraps a buffer; it takes messages of up to its current length.
+    pub fn from_buf(mut buf: Buf) -> Self {
+        let limit = buf.len();
+        buf.set_len(0);
+        RecvBuffer { buf, limit }
     }
     /// The bytes received in the completion that returned this buffer.
     pub fn bytes(&self) -> &[u8] {
-        &self.data[..self.len]
+        &self.buf
     }
     /// Capacity: the largest message this buffer can hold.
     pub fn capacity(&self) -> usize {
-        self.data.len()
+        self.limit
+    }
+    /// The received message as [`Bytes`], without copying.
+    pub fn into_bytes(self) -> Bytes {
+        self.buf.freeze()
+    }
+    /// The underlying buffer (its length is the message's).
+    pub fn into_buf(self) -> Buf {
+        self.buf
     }
     /// Fills the buffer with a received message; returns `false` (and leaves it empty) if the
     /// message does not fit.
     pub(crate) fn fill(&mut self, msg: &[u8]) -> bool {
-        if msg.len() > self.data.len() {
-            self.len = 0;
+        if msg.len() > self.limit {
+            self.buf.set_len(0);
             return false;
         }
-        self.data[..msg.len()].copy_from_slice(msg);
-        self.len = msg.len();
+        self.buf.set_len(msg.len());
+        self.buf.copy_from_slice(msg);
         true
     }
     /// Raw access for backends that let hardware write into the buffer.
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
-    pub(crate) fn storage_mut(&mut self) -> &mut [u8] {
-        &mut self.data
+    pub(crate) fn buf_mut(&mut self) -> &mut Buf {
+        &mut self.buf
     }
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     pub(crate) fn set_len(&mut self, len: usize) {
-        self.len = len.min(self.data.len());
+        self.buf.set_len(len);
     }
 }
 
 impl fmt::Debug for RecvBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RecvBuffer").field("len", &self.len).field("cap", &self.data.len()).finish()
+        f.debug_struct("RecvBuffer").field("len", &self.buf.len()).field("cap", &self.capacity()).finish()
     }
 }
 
@@ -256,7 +305,7 @@ pub enum Completion {
         /// The id given to [`Connection::post_read`].
         wr_id: WrId,
         /// The filled destination (exactly the requested length) or why the READ failed.
-        result: Result<Vec<u8>, ReadError>,
+        result: Result<Buf, ReadError>,
     },
 }
 
@@ -284,6 +333,14 @@ pub struct TransportCounters {
     pub regions_registered: u64,
     /// Regions deregistered (keys revoked).
     pub regions_revoked: u64,
+    /// Memory registrations (`ibv_reg_mr`) of every kind: pool chunks, and one-off
+    /// registrations (per-call keys, buffers from outside the pool). 0 on `mem` and `tcp`.
+    pub mr_registrations: u64,
+    /// Memory deregistrations (`ibv_dereg_mr`).
+    pub mr_deregistrations: u64,
+    /// Bytes sent, advertised or READ into that were not in the connection's pool and had to
+    /// be copied into it or registered for the operation (rdma; 0 on `mem` and `tcp`).
+    pub bytes_outside_pool: u64,
 }
 
 impl TransportCounters {
@@ -300,6 +357,9 @@ impl TransportCounters {
         out.reads_refused += other.reads_refused;
         out.regions_registered += other.regions_registered;
         out.regions_revoked += other.regions_revoked;
+        out.mr_registrations += other.mr_registrations;
+        out.mr_deregistrations += other.mr_deregistrations;
+        out.bytes_outside_pool += other.bytes_outside_pool;
         out
     }
 }
@@ -319,23 +379,31 @@ pub trait Connection: Send + fmt::Debug + 'static {
     /// Posts a two-sided SEND of `msg` (at most [`ConnInfo::peer_recv_size`] bytes).
     fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError>;
 
+    /// The connection's pool of registered memory. Buffers from it are sent, advertised and
+    /// READ into without registering anything; encode into them. Cheap to clone and to use
+    /// from any thread.
+    fn pool(&self) -> &MemPool;
+
     /// Registers `data` for remote READ and returns its descriptor. The transport keeps the
-    /// bytes alive until [`Connection::deregister`].
+    /// bytes alive until [`Connection::deregister`]. Bytes from [`Connection::pool`] need no
+    /// registration (see [`KeyPolicy`] for what the peer may then READ).
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError>;
 
-    /// Revokes the key of a registered region: a later READ with it is refused, which closes
-    /// the connection (see [`Connection::post_read`]). Unknown keys are an error (a double revoke
-    /// is a bug in the caller).
-    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError>;
+    /// Revokes a registered region (the descriptor [`Connection::register`] returned): the
+    /// transport lets go of its bytes, and a later READ of it is refused where the key was the
+    /// region's own, which closes the connection (see [`Connection::post_read`]). Unknown
+    /// regions are an error (a double revoke is a bug in the caller).
+    fn deregister(&mut self, region: RegionDesc) -> Result<(), TransportError>;
 
     /// Posts a one-sided READ of the peer's region `remote` into `dst`, which must have
-    /// `remote.len` bytes of length; `dst` comes back in the [`Completion::Read`].
+    /// `remote.len` bytes of length (take it from [`Connection::pool`]: other memory is
+    /// registered for the READ alone); `dst` comes back in the [`Completion::Read`].
     ///
     /// If the peer refuses it (key not registered or revoked, range outside the region), the
     /// READ completes with [`ReadError::InvalidKey`] or [`ReadError::OutOfBounds`] (verbs: see
     /// the `rdma` module for what each provider reports), and then the connection fails on both
     /// ends: everything else pending is flushed and `poll_completions` returns `Disconnected`.
-    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError>;
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Buf) -> Result<(), TransportError>;
 
     /// Moves up to `max` completions into `out`. Returns `Ready(Ok(()))` when at least one was
     /// moved; `Pending` (with the waker registered) when none is queued; `Ready(Err(_))` once the

@@ -130,13 +130,13 @@ async fn read_small_region(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"hello, registered world")).unwrap();
     assert_eq!(region.len, 23);
-    client.post_read(1, region, vec![0; 23]).unwrap();
+    client.post_read(1, region, vec![0; 23].into()).unwrap();
     assert_eq!(read_done(&mut *client).await, (1, Ok(b"hello, registered world".to_vec())));
     let part = RegionDesc { addr: region.addr + 7, len: 10, rkey: region.rkey };
-    client.post_read(2, part, vec![0; 10]).unwrap();
+    client.post_read(2, part, vec![0; 10].into()).unwrap();
     assert_eq!(read_done(&mut *client).await, (2, Ok(b"registered".to_vec())));
     let empty = RegionDesc { addr: region.addr + 23, len: 0, rkey: region.rkey };
-    client.post_read(3, empty, Vec::new()).unwrap();
+    client.post_read(3, empty, Vec::new().into()).unwrap();
     assert_eq!(read_done(&mut *client).await, (3, Ok(Vec::new())));
     let c = client.counters();
     assert_eq!((c.reads_issued, c.bytes_read), (3, 33));
@@ -147,7 +147,7 @@ async fn read_64_mib_region(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let data = pattern(64 << 20);
     let region = server.register(Bytes::from(data.clone())).unwrap();
-    client.post_read(9, region, vec![0; 64 << 20]).unwrap();
+    client.post_read(9, region, vec![0; 64 << 20].into()).unwrap();
     let (id, result) = read_done(&mut *client).await;
     assert_eq!(id, 9);
     assert!(result.expect("64 MiB READ") == data, "64 MiB READ returned different bytes");
@@ -161,7 +161,7 @@ async fn many_reads_in_flight(b: Backend) {
     let max = client.info().max_reads_in_flight as u64;
     for i in 0..max {
         let part = RegionDesc { addr: region.addr + i * 16, len: 100, rkey: region.rkey };
-        client.post_read(i, part, vec![0; 100]).unwrap();
+        client.post_read(i, part, vec![0; 100].into()).unwrap();
     }
     let mut seen = vec![false; max as usize];
     for _ in 0..max {
@@ -200,16 +200,16 @@ async fn assert_refused_then_closed(
     }
     let (_, server_err) = drain_to_error(server).await;
     assert!(matches!(server_err, TransportError::Disconnected(_)), "{server_err:?}");
-    assert!(client.post_read(wr_id + 1, RegionDesc { addr: 0, len: 0, rkey: 1 }, Vec::new()).is_err());
+    assert!(client.post_read(wr_id + 1, RegionDesc { addr: 0, len: 0, rkey: 1 }, Vec::new().into()).is_err());
 }
 
 async fn read_with_wrong_key(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"private")).unwrap();
     let wrong = RegionDesc { rkey: region.rkey.wrapping_add(1), ..region };
-    client.post_read(1, wrong, vec![0; 7]).unwrap();
+    client.post_read(1, wrong, vec![0; 7].into()).unwrap();
     // Posted behind the bad READ (if the connection is not closed already): flushed, never served.
-    let _ = client.post_read(2, region, vec![0; 7]);
+    let _ = client.post_read(2, region, vec![0; 7].into());
     assert_refused_then_closed(&mut *client, &mut *server, 1, ReadError::InvalidKey(wrong.rkey)).await;
     assert_eq!(server.counters().reads_refused, 1);
     assert_eq!(server.counters().reads_served, 0);
@@ -227,7 +227,7 @@ async fn read_out_of_bounds(b: Backend) {
         let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
         let region = server.register(Bytes::from(pattern(64))).unwrap();
         let desc = bad(region);
-        client.post_read(7, desc, vec![0; desc.len as usize]).unwrap();
+        client.post_read(7, desc, vec![0; desc.len as usize].into()).unwrap();
         let expected = ReadError::OutOfBounds { addr: desc.addr, len: desc.len };
         assert_refused_then_closed(&mut *client, &mut *server, 7, expected).await;
         assert_eq!(server.counters().reads_refused, 1, "{what}");
@@ -237,12 +237,12 @@ async fn read_out_of_bounds(b: Backend) {
 async fn read_after_deregister(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"short-lived")).unwrap();
-    client.post_read(1, region, vec![0; 11]).unwrap();
+    client.post_read(1, region, vec![0; 11].into()).unwrap();
     assert!(read_done(&mut *client).await.1.is_ok());
-    server.deregister(region.rkey).unwrap();
+    server.deregister(region).unwrap();
     assert_eq!(server.counters().regions_revoked, 1);
-    assert!(matches!(server.deregister(region.rkey), Err(TransportError::UnknownKey(k)) if k == region.rkey));
-    client.post_read(2, region, vec![0; 11]).unwrap();
+    assert!(matches!(server.deregister(region), Err(TransportError::UnknownKey(k)) if k == region.rkey));
+    client.post_read(2, region, vec![0; 11].into()).unwrap();
     assert_refused_then_closed(&mut *client, &mut *server, 2, ReadError::InvalidKey(region.rkey)).await;
     let s = server.counters();
     assert_eq!((s.regions_registered, s.regions_revoked, s.reads_served, s.reads_refused), (1, 1, 1, 1));
@@ -251,9 +251,9 @@ async fn read_after_deregister(b: Backend) {
 async fn read_destination_must_match(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"12345678")).unwrap();
-    assert!(matches!(client.post_read(1, region, vec![0; 7]), Err(TransportError::InvalidRead(_))));
+    assert!(matches!(client.post_read(1, region, vec![0; 7].into()), Err(TransportError::InvalidRead(_))));
     let huge = RegionDesc { len: (1 << 30) + 1, ..region };
-    assert!(matches!(client.post_read(2, huge, Vec::new()), Err(TransportError::InvalidRead(_))));
+    assert!(matches!(client.post_read(2, huge, Vec::new().into()), Err(TransportError::InvalidRead(_))));
     assert_eq!(client.counters().reads_issued, 0);
 }
 
@@ -281,7 +281,7 @@ async fn peer_close_flushes_and_errors(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from(pattern(1 << 20))).unwrap();
     for i in 0..8 {
-        client.post_read(i, region, vec![0; 1 << 20]).unwrap();
+        client.post_read(i, region, vec![0; 1 << 20].into()).unwrap();
         client.post_send(100 + i, Bytes::from_static(b"x")).unwrap();
     }
     server.close();
@@ -307,7 +307,7 @@ async fn peer_close_flushes_and_errors(b: Backend) {
     // The error is sticky, and nothing more can be posted.
     assert!(matches!(next(&mut *client).await, Err(TransportError::Disconnected(_))));
     assert!(client.post_send(1, Bytes::new()).is_err());
-    assert!(client.post_read(1, region, vec![0; 1 << 20]).is_err());
+    assert!(client.post_read(1, region, vec![0; 1 << 20].into()).is_err());
     assert!(client.post_recv(RecvBuffer::new(8)).is_err());
     let (_, server_err) = drain_to_error(&mut *server).await;
     assert!(matches!(server_err, TransportError::Disconnected(_)));
@@ -316,7 +316,7 @@ async fn peer_close_flushes_and_errors(b: Backend) {
 async fn local_close_flushes_and_errors(b: Backend) {
     let (mut client, mut server) = pair(b, ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"abc")).unwrap();
-    client.post_read(1, region, vec![0; 3]).unwrap();
+    client.post_read(1, region, vec![0; 3].into()).unwrap();
     client.close();
     let (seen, err) = drain_to_error(&mut *client).await;
     assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");

@@ -89,7 +89,7 @@ async fn kill_takes_down_every_connection_of_the_name() {
     // A READ pending (delayed) when the kill lands is flushed.
     let region = conns[1].register(Bytes::from_static(b"data")).unwrap();
     fabric.faults("victim").set_completion_delay(Duration::from_secs(3600));
-    conns[0].post_read(5, region, vec![0; 4]).unwrap();
+    conns[0].post_read(5, region, vec![0; 4].into()).unwrap();
     fabric.faults("victim").kill();
 
     let (seen, err) = drain_to_error(&mut *conns[0]).await;
@@ -120,7 +120,7 @@ async fn completion_delay_holds_completions_back_in_order() {
     let region = server.register(Bytes::from_static(b"delayed")).unwrap();
     let start = Instant::now();
     client.post_send(1, Bytes::from_static(b"a")).unwrap();
-    client.post_read(2, region, vec![0; 7]).unwrap();
+    client.post_read(2, region, vec![0; 7].into()).unwrap();
     fabric.faults(&name).set_completion_delay(Duration::ZERO);
     client.post_send(3, Bytes::from_static(b"b")).unwrap(); // not delayed, but must not overtake
 
@@ -141,7 +141,7 @@ async fn delayed_operations_are_flushed_by_close() {
     let (mut client, mut server, fabric, name) = mem_pair(ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"never read")).unwrap();
     fabric.faults(&name).set_completion_delay(Duration::from_secs(3600));
-    client.post_read(1, region, vec![0; 10]).unwrap();
+    client.post_read(1, region, vec![0; 10].into()).unwrap();
     client.post_send(2, Bytes::from_static(b"never sent")).unwrap();
     server.close();
     let (seen, err) = drain_to_error(&mut *client).await;
@@ -182,11 +182,11 @@ async fn fail_reads_refuses_reads_until_turned_off() {
     let (mut client, mut server, fabric, name) = mem_pair(ConnParams::default(), ConnParams::default()).await;
     let region = server.register(Bytes::from_static(b"guarded")).unwrap();
     fabric.faults(&name).fail_reads(true);
-    client.post_read(1, region, vec![0; 7]).unwrap();
+    client.post_read(1, region, vec![0; 7].into()).unwrap();
     assert_eq!(read_done(&mut *client).await, (1, Err(ReadError::Failed("injected".into()))));
     assert_eq!(server.counters().reads_served, 0, "the peer's memory was not read");
     fabric.faults(&name).fail_reads(false);
-    client.post_read(2, region, vec![0; 7]).unwrap();
+    client.post_read(2, region, vec![0; 7].into()).unwrap();
     assert_eq!(read_done(&mut *client).await, (2, Ok(b"guarded".to_vec())));
 }
 
@@ -215,7 +215,7 @@ async fn clear_turns_every_knob_off() {
     let region = server.register(Bytes::from_static(b"ok")).unwrap();
     send_ok(&mut *client, 1, b"clean").await;
     assert_eq!(recv(&mut *server).await, b"clean");
-    client.post_read(2, region, vec![0; 2]).unwrap();
+    client.post_read(2, region, vec![0; 2].into()).unwrap();
     assert_eq!(read_done(&mut *client).await, (2, Ok(b"ok".to_vec())));
 }
 
@@ -246,9 +246,9 @@ async fn black_hole_swallows_sends_and_reads_both_ways_without_death() {
     let client_region = client.register(Bytes::from_static(b"client bytes")).unwrap();
     fabric.faults(&name).black_hole();
     client.post_send(1, Bytes::from_static(b"to server")).unwrap();
-    client.post_read(2, server_region, vec![0; 12]).unwrap();
+    client.post_read(2, server_region, vec![0; 12].into()).unwrap();
     server.post_send(3, Bytes::from_static(b"to client")).unwrap();
-    server.post_read(4, client_region, vec![0; 12]).unwrap();
+    server.post_read(4, client_region, vec![0; 12].into()).unwrap();
 
     assert!(stays_silent(&mut *client, Duration::from_millis(200)).await, "the client saw a completion");
     assert!(stays_silent(&mut *server, Duration::from_millis(50)).await, "the server saw a completion");

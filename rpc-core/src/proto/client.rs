@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{ReadError, RegionDesc, WrId};
+use rpc_transport::{MemPool, ReadError, RegionDesc, WrId};
 
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
@@ -124,6 +124,13 @@ impl ClientProto {
         }
     }
 
+    /// Assembles frames in `pool` (the connection's registered memory), so that the transport
+    /// sends them as they are. Without it, frames are plain heap buffers.
+    pub fn with_pool(mut self, pool: MemPool) -> Self {
+        self.link.pool = Some(pool);
+        self
+    }
+
     /// Starts call `call_id` (chosen by the caller, non-zero, unique on this connection).
     /// `timeout` travels as a relative duration; the call fails locally when it passes.
     pub fn start_call(
@@ -197,7 +204,7 @@ impl ClientProto {
         let Some(call) = self.calls.get_mut(&call_id).filter(|_| registering) else {
             // Cancelled (or expired) while registering: the server never saw it; revoke at once.
             if let Ok(desc) = result {
-                self.link.revoke(desc.rkey);
+                self.link.revoke(desc);
             }
             return;
         };
@@ -217,21 +224,29 @@ impl ClientProto {
 
     /// Handles one received frame at time `now`. An error is fatal: close the connection and
     /// call [`ClientProto::fail_all`].
+    /// Copies the frame; [`ClientProto::handle_recv_bytes`] does not.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        let header = Header::decode(frame)?;
+        self.handle_recv_bytes(Bytes::copy_from_slice(frame), now)
+    }
+
+    /// Handles one received frame at time `now`; an eager response's payload is a slice of
+    /// `frame` (no copy). An error is fatal: close the connection and call
+    /// [`ClientProto::fail_all`].
+    pub fn handle_recv_bytes(&mut self, frame: Bytes, now: Instant) -> Result<(), ProtoError> {
+        let header = Header::decode(&frame)?;
         self.link.on_frame_received(&header, now)?;
         if header.done != 0 {
             // The server finished READing our request payload: revoke its key.
             self.link.on_done(header.done);
         }
         match header.kind {
-            Kind::Response => self.on_response(&header, &frame[HEADER_LEN..]),
+            Kind::Response => self.on_response(&header, frame.slice(HEADER_LEN..)),
             Kind::Credit | Kind::Ping | Kind::Pong => Ok(()),
             other => Err(ProtoError::UnexpectedKind(other)),
         }
     }
 
-    fn on_response(&mut self, header: &Header, body: &[u8]) -> Result<(), ProtoError> {
+    fn on_response(&mut self, header: &Header, body: Bytes) -> Result<(), ProtoError> {
         let call_id = header.call_id;
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
         if rendezvous && header.flags & FLAG_ERROR != 0 {
@@ -240,7 +255,7 @@ impl ClientProto {
         let Some(call) = self.calls.get_mut(&call_id) else {
             if rendezvous {
                 // A response to a call we abandoned: we will not READ it; the server may revoke.
-                decode_desc(body)?;
+                decode_desc(&body)?;
                 self.link.report_done(call_id);
             }
             return Ok(());
@@ -249,15 +264,15 @@ impl ClientProto {
             return Err(ProtoError::UnexpectedKind(Kind::Response));
         }
         if header.flags & FLAG_ERROR != 0 {
-            self.complete(call_id, Err(CallFailure::Remote(WireError::decode(body))));
+            self.complete(call_id, Err(CallFailure::Remote(WireError::decode(&body))));
             return Ok(());
         }
         if !rendezvous {
             self.link.stats.eager_received += 1;
-            self.complete(call_id, Ok(Bytes::copy_from_slice(body)));
+            self.complete(call_id, Ok(body));
             return Ok(());
         }
-        let desc = decode_desc(body)?;
+        let desc = decode_desc(&body)?;
         call.info.response = Path::Rendezvous;
         let max = self.link.max_message_size.min(self.link.max_read_size);
         if desc.len > max {

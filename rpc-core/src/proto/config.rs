@@ -46,6 +46,18 @@ pub struct ProtoConfig {
     /// that client (backpressure). Default 256 frames, at most
     /// `256 * (40 + eager_threshold)` bytes (2 MiB with the defaults) per connection.
     pub max_queued_frames: u32,
+    /// Bounds of the connection's registered-memory pool, where payloads are encoded, frames
+    /// assembled, receives posted and READs land (see [`rpc_transport::PoolLimits`]). Default
+    /// 256 MiB kept for reuse, of which at most 64 MiB of large buffers idle; on `rdma` this is
+    /// pinned memory. An idle connection pins its receive buffers (about
+    /// `recv_depth * 1.25 * recv_size`, 640 KiB with the defaults), the small chunks it used
+    /// (up to 1 MiB per size class) and up to `max_idle_bytes` of large buffers.
+    pub pool: rpc_transport::PoolLimits,
+    /// What a peer may READ with the keys we advertise (`rdma`). Default
+    /// [`rpc_transport::KeyPolicy::PoolKeys`]: keys of this connection's pool, no registration
+    /// per call. `PerCallKeys`: a registration per large payload, revoked at the NIC when the
+    /// peer reports its READ done.
+    pub key_policy: rpc_transport::KeyPolicy,
 }
 
 impl Default for ProtoConfig {
@@ -61,6 +73,8 @@ impl Default for ProtoConfig {
             keepalive_interval: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(10),
             max_queued_frames: 256,
+            pool: rpc_transport::PoolLimits::default(),
+            key_policy: rpc_transport::KeyPolicy::default(),
         }
     }
 }
@@ -114,6 +128,16 @@ impl ProtoConfig {
     /// Sets [`ProtoConfig::max_queued_frames`] (at least 1).
     pub fn max_queued_frames(mut self, frames: u32) -> Self {
         self.max_queued_frames = frames.max(1);
+        self
+    }
+    /// Sets [`ProtoConfig::pool`].
+    pub fn pool(mut self, limits: rpc_transport::PoolLimits) -> Self {
+        self.pool = limits;
+        self
+    }
+    /// Sets [`ProtoConfig::key_policy`].
+    pub fn key_policy(mut self, policy: rpc_transport::KeyPolicy) -> Self {
+        self.key_policy = policy;
         self
     }
     /// Size of each receive buffer: the largest frame this side accepts.

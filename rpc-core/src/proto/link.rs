@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rpc_transport::{RKey, RegionDesc, WrId};
+use rpc_transport::{MemPool, RegionDesc, WrId};
 
 use super::budget::Budget;
 use super::config::{PeerLimits, ProtoConfig};
@@ -52,10 +52,10 @@ pub enum Op {
         /// The payload.
         data: Bytes,
     },
-    /// Revoke the key (deregister the region).
+    /// Revoke the region (deregister it: the transport lets go of its bytes).
     Deregister {
-        /// The key to revoke.
-        rkey: RKey,
+        /// The region, as registration described it.
+        region: RegionDesc,
     },
     /// READ the peer's region into a fresh buffer of `remote.len` bytes; report with
     /// `handle_read_complete(wr_id, ..)`. The buffer is allocated only now: READs wait for the
@@ -110,6 +110,8 @@ pub(crate) struct Link {
     pub max_read_size: u64,
     pub live: Liveness,
     pub rdv: Rendezvous,
+    /// Where frames are assembled (the connection's registered memory), if given.
+    pub pool: Option<MemPool>,
     pub stats: ProtoStats,
 }
 
@@ -146,6 +148,7 @@ impl Link {
                 config.done_timeout,
             ),
             stats: ProtoStats::default(),
+            pool: None,
         }
     }
 
@@ -187,16 +190,16 @@ impl Link {
     }
 
     /// Revokes the key of one of our regions.
-    pub fn revoke(&mut self, rkey: RKey) {
+    pub fn revoke(&mut self, region: RegionDesc) {
         self.stats.keys_revoked += 1;
-        self.ops.push_back(Op::Deregister { rkey });
+        self.ops.push_back(Op::Deregister { region });
     }
 
     /// The connection is gone: revoke every region still advertised (the peer can no longer
     /// READ it).
     pub fn revoke_all(&mut self) {
-        for rkey in self.rdv.drain_advertised() {
-            self.revoke(rkey);
+        for region in self.rdv.drain_advertised() {
+            self.revoke(region);
         }
     }
 
@@ -208,8 +211,8 @@ impl Link {
 
     /// The peer finished READing our region for `call_id`: revoke it.
     pub fn on_done(&mut self, call_id: u64) {
-        if let Some(rkey) = self.rdv.done(call_id) {
-            self.revoke(rkey);
+        if let Some(region) = self.rdv.done(call_id) {
+            self.revoke(region);
         }
     }
 
@@ -311,17 +314,33 @@ impl Link {
         header.credits = credits as u16;
         header.done = self.pending_dones.pop_front().unwrap_or(0);
         header.body_len = body.len() as u32;
-        let mut frame = BytesMut::with_capacity(HEADER_LEN + body.len());
         let mut h = [0u8; HEADER_LEN];
         header.encode(&mut h);
-        frame.put_slice(&h);
-        frame.put_slice(body);
+        let frame = match self
+            .pool
+            .as_ref()
+            .filter(|_| !body.is_empty())
+            .and_then(|p| p.alloc(HEADER_LEN + body.len()).ok())
+        {
+            Some(mut buf) => {
+                buf.set_len(HEADER_LEN + body.len());
+                buf[..HEADER_LEN].copy_from_slice(&h);
+                buf[HEADER_LEN..].copy_from_slice(body);
+                buf.freeze()
+            }
+            None => {
+                let mut frame = BytesMut::with_capacity(HEADER_LEN + body.len());
+                frame.put_slice(&h);
+                frame.put_slice(body);
+                frame.freeze()
+            }
+        };
         self.peer_credits -= 1;
         self.sends_in_flight += 1;
         self.stats.frames_sent += 1;
         let wr_id = self.next_send_wr;
         self.next_send_wr += 1;
-        self.ops.push_back(Op::Send { wr_id, frame: frame.freeze() });
+        self.ops.push_back(Op::Send { wr_id, frame });
     }
 
     /// The counters, with the budget's figures (derived, never stored twice).

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use rpc_transport::{RKey, RegionDesc, WrId};
+use rpc_transport::{RegionDesc, WrId};
 
 use super::budget::Budget;
 use super::deadlines::DeadlineQueue;
@@ -29,8 +29,7 @@ struct InFlight {
 
 #[derive(Debug)]
 struct Advertised {
-    rkey: RKey,
-    len: u64,
+    region: RegionDesc,
     expires: Option<Instant>,
 }
 
@@ -162,23 +161,23 @@ impl Rendezvous {
             let live = |id, at| regions.get(&id).is_some_and(|r: &Advertised| r.expires == Some(at));
             self.done_deadlines.push_pruned(at, call_id, regions.len() + 1, live);
         }
-        self.advertised.insert(call_id, Advertised { rkey: desc.rkey, len: desc.len, expires });
+        self.advertised.insert(call_id, Advertised { region: *desc, expires });
     }
 
     /// The connection is gone: every advertised region's key, to revoke now (the peer can no
     /// longer READ anything), and their bytes released.
-    pub fn drain_advertised(&mut self) -> Vec<RKey> {
-        let keys = self.advertised.drain().map(|(_, r)| r.rkey).collect::<Vec<_>>();
+    pub fn drain_advertised(&mut self) -> Vec<RegionDesc> {
+        let keys = self.advertised.drain().map(|(_, r)| r.region).collect::<Vec<_>>();
         let held = self.budget.held();
         self.budget.release(held);
         keys
     }
 
     /// The peer reported its READ of our region for `call_id` done: the key to revoke.
-    pub fn done(&mut self, call_id: u64) -> Option<RKey> {
+    pub fn done(&mut self, call_id: u64) -> Option<RegionDesc> {
         let region = self.advertised.remove(&call_id)?;
-        self.budget.release(region.len);
-        Some(region.rkey)
+        self.budget.release(region.region.len);
+        Some(region.region)
     }
 
     /// Whether `call_id` still has a region advertised or a READ in flight (its id is not

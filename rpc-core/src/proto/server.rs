@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{ReadError, RegionDesc, WrId};
+use rpc_transport::{MemPool, ReadError, RegionDesc, WrId};
 
 use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
@@ -109,6 +109,13 @@ impl ServerProto {
         }
     }
 
+    /// Assembles frames in `pool` (the connection's registered memory), so that the transport
+    /// sends them as they are. Without it, frames are plain heap buffers.
+    pub fn with_pool(mut self, pool: MemPool) -> Self {
+        self.link.pool = Some(pool);
+        self
+    }
+
     /// Counts this connection's rendezvous bytes against `budget` too (shared by every
     /// connection of a server).
     pub fn with_shared_budget(mut self, budget: Arc<SharedBudget>) -> Self {
@@ -124,15 +131,22 @@ impl ServerProto {
     }
 
     /// Handles one received frame at time `now`. An error is fatal: close the connection.
+    /// Copies the frame; [`ServerProto::handle_recv_bytes`] does not.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        let header = Header::decode(frame)?;
+        self.handle_recv_bytes(Bytes::copy_from_slice(frame), now)
+    }
+
+    /// Handles one received frame at time `now`; an eager request's payload is a slice of
+    /// `frame` (no copy). An error is fatal: close the connection.
+    pub fn handle_recv_bytes(&mut self, frame: Bytes, now: Instant) -> Result<(), ProtoError> {
+        let header = Header::decode(&frame)?;
         self.link.on_frame_received(&header, now)?;
         if header.done != 0 {
             // The client finished READing our response: revoke the key.
             self.link.on_done(header.done);
         }
         match header.kind {
-            Kind::Request => self.on_request(&header, &frame[HEADER_LEN..], now),
+            Kind::Request => self.on_request(&header, frame.slice(HEADER_LEN..), now),
             Kind::Cancel => {
                 self.on_cancel(header.call_id, CancelReason::Cancelled);
                 Ok(())
@@ -142,13 +156,13 @@ impl ServerProto {
         }
     }
 
-    fn on_request(&mut self, header: &Header, body: &[u8], now: Instant) -> Result<(), ProtoError> {
+    fn on_request(&mut self, header: &Header, body: Bytes, now: Instant) -> Result<(), ProtoError> {
         let call_id = header.call_id;
         if self.calls.contains_key(&call_id) || self.link.rdv.busy(call_id) {
             return Err(ProtoError::DuplicateCall(call_id));
         }
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
-        let desc = if rendezvous { Some(decode_desc(body)?) } else { None };
+        let desc = if rendezvous { Some(decode_desc(&body)?) } else { None };
         if let Some(refusal) = self.refusal(desc.as_ref()) {
             if rendezvous {
                 self.link.report_done(call_id); // we will not READ it: the client may revoke
@@ -178,7 +192,7 @@ impl ServerProto {
                 self.events.push_back(ServerEvent::Request {
                     call_id,
                     method: call.method,
-                    payload: Bytes::copy_from_slice(body),
+                    payload: body,
                     timeout,
                     path: Path::Eager,
                 });
@@ -327,7 +341,7 @@ impl ServerProto {
         if !registering {
             // Cancelled or expired while registering: the client never saw it; revoke at once.
             if let Ok(desc) = result {
-                self.link.revoke(desc.rkey);
+                self.link.revoke(desc);
             }
             return;
         }

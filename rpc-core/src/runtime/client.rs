@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rpc_transport::{Address, Completion, Connection};
+use rpc_transport::{Address, Completion, Connection, MemPool};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Sleep;
 use tracing::Instrument;
@@ -35,6 +35,7 @@ struct Shared {
     in_flight: Semaphore,
     default_deadline: Option<Duration>,
     peer: String,
+    pool: MemPool,
 }
 
 /// A handle to one client connection. Cheap to clone, `Send + Sync`; all clones share the
@@ -63,10 +64,11 @@ impl Client {
     fn start(conn: Box<dyn Connection>, config: ClientConfig) -> Result<Client, ConnectError> {
         let peer = handshake::peer_limits(conn.as_ref())?;
         let info = conn.info().clone();
+        let conn_pool = conn.pool().clone();
         let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
         let (commands, rx) = mpsc::unbounded_channel();
         let driver = ClientDriver {
-            proto: ClientProto::new(&config.proto, &peer, driver::now()),
+            proto: ClientProto::new(&config.proto, &peer, driver::now()).with_pool(conn_pool.clone()),
             conn,
             commands: rx,
             pending: HashMap::new(),
@@ -81,8 +83,15 @@ impl Client {
             in_flight: Semaphore::new(config.proto.max_in_flight as usize),
             default_deadline: config.default_deadline,
             peer: info.peer,
+            pool: conn_pool,
         };
         Ok(Client { shared: Arc::new(shared) })
+    }
+
+    /// The connection's registered memory: encode payloads here
+    /// ([`crate::codec::encode_in`]) and the transport sends or advertises them as they are.
+    pub fn pool(&self) -> &MemPool {
+        &self.shared.pool
     }
 
     /// Calls `method` with an encoded payload; returns the encoded response. Generated stubs

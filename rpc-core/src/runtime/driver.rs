@@ -8,7 +8,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use rpc_transport::{Completion, Connection, ReadError, RegionDesc, TransportCounters, TransportError, WrId};
+use rpc_transport::{
+    Buf, Completion, Connection, MemPool, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    TransportError, WrId,
+};
 use tokio::time::Sleep;
 
 use crate::proto::{ClientProto, Op, ProtoError, ProtoStats, ServerProto};
@@ -43,7 +46,7 @@ impl ConnStats {
 
 /// The inputs both state machines take from the transport.
 pub(crate) trait ProtoEnd {
-    fn handle_frame(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError>;
+    fn handle_frame(&mut self, frame: Bytes, now: Instant) -> Result<(), ProtoError>;
     fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
     fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>);
     fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>);
@@ -55,7 +58,7 @@ pub(crate) trait ProtoEnd {
 macro_rules! impl_proto_end {
     ($ty:ty, |$p:ident, $frame:ident, $now:ident| $recv:expr) => {
         impl ProtoEnd for $ty {
-            fn handle_frame(&mut self, $frame: &[u8], $now: Instant) -> Result<(), ProtoError> {
+            fn handle_frame(&mut self, $frame: Bytes, $now: Instant) -> Result<(), ProtoError> {
                 let $p = self;
                 $recv
             }
@@ -81,8 +84,8 @@ macro_rules! impl_proto_end {
     };
 }
 
-impl_proto_end!(ClientProto, |p, frame, now| p.handle_recv(frame, now));
-impl_proto_end!(ServerProto, |p, frame, now| p.handle_recv(frame, now));
+impl_proto_end!(ClientProto, |p, frame, now| p.handle_recv_bytes(frame, now));
+impl_proto_end!(ServerProto, |p, frame, now| p.handle_recv_bytes(frame, now));
 
 /// Why a connection's driver stops.
 #[derive(Debug)]
@@ -130,16 +133,18 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
     for completion in scratch.drain(..) {
         match completion {
             Completion::Recv { buf } => {
-                let handled = proto.handle_frame(buf.bytes(), now);
-                conn.post_recv(buf).map_err(Fatal::Transport)?;
+                // The message is handed on as it lies in the receive buffer (no copy); a fresh
+                // buffer of the connection's pool takes its place in the receive queue before the
+                // state machine can return the credit.
+                let size = buf.capacity();
+                let handled = proto.handle_frame(buf.into_bytes(), now);
+                conn.post_recv(recv_buffer(conn.pool(), size)).map_err(Fatal::Transport)?;
                 handled.map_err(Fatal::Protocol)?;
             }
             Completion::Send { wr_id, result } => {
                 proto.handle_send(wr_id, result.map_err(|e| e.to_string())).map_err(Fatal::Protocol)?;
             }
-            Completion::Read { wr_id, result } => {
-                proto.handle_read(wr_id, result.map(crate::buffers::freeze))
-            }
+            Completion::Read { wr_id, result } => proto.handle_read(wr_id, result.map(Buf::freeze)),
             other => tracing::warn!(?other, "unknown completion kind ignored"),
         }
     }
@@ -155,13 +160,14 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
                 let result = conn.register(data).map_err(|e| e.to_string());
                 proto.handle_registered(call_id, result);
             }
-            Op::Deregister { rkey } => {
-                if let Err(e) = conn.deregister(rkey) {
-                    tracing::warn!(rkey, error = %e, "revoking a region failed");
+            Op::Deregister { region } => {
+                if let Err(e) = conn.deregister(region) {
+                    tracing::warn!(?region, error = %e, "revoking a region failed");
                 }
             }
             Op::Read { wr_id, remote } => {
-                let dst = crate::buffers::zeroable(remote.len as usize);
+                // The destination comes from the connection's pool: registered once, reused.
+                let dst = alloc(conn.pool(), remote.len as usize);
                 conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
             }
         }
@@ -173,12 +179,32 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
 /// (its regions go with the connection); everything else it asks for is moot.
 pub(crate) fn revoke_after_close<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) {
     while let Some(op) = proto.next_op() {
-        if let Op::Deregister { rkey } = op {
-            if let Err(e) = conn.deregister(rkey) {
-                tracing::debug!(rkey, error = %e, "revoking a region after close failed");
+        if let Op::Deregister { region } = op {
+            if let Err(e) = conn.deregister(region) {
+                tracing::debug!(?region, error = %e, "revoking a region after close failed");
             }
         }
     }
+}
+
+/// A buffer of `len` bytes from `pool`; plain heap memory if the pool cannot provide it (the
+/// transport then registers it for its operation alone).
+pub(crate) fn alloc(pool: &MemPool, len: usize) -> Buf {
+    match pool.alloc(len) {
+        Ok(mut buf) => {
+            buf.set_len(len);
+            buf
+        }
+        Err(e) => {
+            tracing::debug!(len, error = %e, "pool allocation failed; using heap memory");
+            Buf::zeroed(len)
+        }
+    }
+}
+
+/// A receive buffer taking messages of up to `size` bytes, from `pool`.
+fn recv_buffer(pool: &MemPool, size: usize) -> RecvBuffer {
+    RecvBuffer::from_buf(alloc(pool, size))
 }
 
 /// Runs expired timers (call deadlines, keepalive, READ and done timeouts) and arms `sleep`

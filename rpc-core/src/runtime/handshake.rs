@@ -13,6 +13,8 @@ pub(crate) fn conn_params(proto: &ProtoConfig) -> ConnParams {
         recv_depth: proto.recv_depth,
         recv_size: proto.recv_size(),
         private_data: Bytes::from(proto.hello().encode()),
+        pool: proto.pool,
+        key_policy: proto.key_policy,
         ..ConnParams::default()
     }
 }

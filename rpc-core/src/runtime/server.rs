@@ -234,6 +234,7 @@ impl Acceptor {
         };
         let (results_tx, results) = mpsc::unbounded_channel();
         let proto = ServerProto::new(&self.config.proto, &peer, driver::now())
+            .with_pool(conn.pool().clone())
             .with_shared_budget(self.resources.budget.clone())
             .with_default_deadline(self.config.default_deadline);
         let driver = ServerDriver {
@@ -393,7 +394,8 @@ impl ServerDriver {
     fn spawn_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path } = req;
         let span = tracing::debug_span!("call", call_id, method = format_args!("{method:#010x}"), %path);
-        let fut = self.service.call(method, payload);
+        // The response is encoded into the connection's registered memory (see `codec::encode`).
+        let fut = crate::codec::with_pool(self.conn.pool().clone(), self.service.call(method, payload));
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         let results = self.results_tx.clone();

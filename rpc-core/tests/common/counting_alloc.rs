@@ -110,37 +110,6 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     LOCK.lock().await
 }
 
-/// Makes rpc-core's process-wide buffer cache (`rpc_core::buffers`) unable to keep or hand out
-/// large buffers, so that the counts above are the server's own allocations and not buffers
-/// recycled from (or parked in) the cache, which would hide up to `MAX_CACHED_BYTES` (64 MiB).
-///
-/// The cache keeps at most 16 buffers and hands one out only for a request between a quarter
-/// of its capacity and its capacity: it is filled with 16 buffers of exactly `MIN_POOLED`
-/// bytes, which only a request of exactly that many bytes would take, and which leave no room
-/// for any other. Call it first thing in the process (before any call runs); it checks that a
-/// freed 1 MiB buffer is no longer cached, and panics otherwise.
-pub fn neutralize_buffer_cache() {
-    use std::sync::Once;
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let small = rpc_core::buffers::MIN_POOLED;
-        // A byte string of n bytes encodes as a 3-byte varint length and the bytes.
-        let value = bytes::Bytes::from(vec![0u8; small - 3]);
-        let held: Vec<bytes::Bytes> =
-            (0..32).map(|_| rpc_core::codec::encode(&value).expect("encode")).collect();
-        assert!(held.iter().all(|b| b.len() == small), "encoded size is not MIN_POOLED");
-        drop(held);
-    });
-    let big = bytes::Bytes::from(vec![0u8; (1 << 20) - 5]);
-    let before = current();
-    drop(rpc_core::codec::encode(&big).expect("encode"));
-    let after = current();
-    assert!(
-        after < before + (64 << 10),
-        "the buffer cache kept a freed 1 MiB buffer ({before} -> {after} bytes): it is not neutralized"
-    );
-}
-
 /// One measurement: a baseline, then the peak and the current level relative to it.
 #[derive(Debug, Clone, Copy)]
 pub struct Window {

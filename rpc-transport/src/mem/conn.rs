@@ -9,7 +9,7 @@ use super::delay::DelayLine;
 use super::faults::{corrupt, FaultPlan, SendFault};
 use crate::soft::{Death, Soft, MAX_READ_SIZE};
 use crate::{
-    Completion, ConnInfo, Connection, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    Buf, Completion, ConnInfo, Connection, MemPool, ReadError, RecvBuffer, RegionDesc, TransportCounters,
     TransportError, WrId,
 };
 
@@ -113,15 +113,19 @@ impl Connection for MemConnection {
         Ok(())
     }
 
+    fn pool(&self) -> &MemPool {
+        self.local.pool()
+    }
+
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
         Ok(self.local.register(data))
     }
 
-    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
-        self.local.deregister(rkey)
+    fn deregister(&mut self, region: RegionDesc) -> Result<(), TransportError> {
+        self.local.deregister(region.rkey)
     }
 
-    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Buf) -> Result<(), TransportError> {
         self.info.check_read(&remote, dst.len())?;
         let op = self.local.begin_read(wr_id, remote, dst)?;
         if self.plan.black_holed() {

@@ -1,23 +1,15 @@
-//! Registered memory: slab pools for eager receives and sends, READ destinations, and the
-//! regions this side advertises for the peer to READ.
+//! Registered memory: the registrar of the connection's [`crate::MemPool`], send slabs for
+//! messages from outside the pool, READ destinations and the regions this side advertises.
 //!
-//! # Why receives and sends are copied through pools
+//! # The pool first
 //!
-//! A [`crate::RecvBuffer`] or a SEND's `Bytes` is owned by the caller between operations, and the
-//! caller may free it at any time. A registration keyed by its address would outlive the memory
-//! (the pages stay pinned, a new allocation at the same address gets other pages, and the NIC
-//! would write where nobody reads). So eager messages land in, or leave from, slabs of one
-//! registration per pool that the connection owns, and are copied (at most the receive size,
-//! 8 KiB by default) into the caller's buffer. SENDs that fit the QP's `max_inline_data` are
-//! posted inline and need no slab at all.
-//!
-//! # READ destinations
-//!
-//! The destination `Vec` of a READ is registered (LOCAL_WRITE) for the duration of that READ and
-//! deregistered when it completes: the NIC writes into the caller's memory directly (zero copy).
-//! For the same reason as above, a cache keyed by the caller's addresses would be unsound
-//! without hooks on `munmap`, which Rust's allocator does not offer; the pinned memory that *is*
-//! kept across calls is the connection's own pools.
+//! Receives are posted from the connection's pool and handed to the caller as they are; SENDs,
+//! advertised regions and READ destinations whose bytes lie in the pool use the pool chunk's keys
+//! (no registration). Memory from elsewhere is owned by the caller, who may free it at any time:
+//! a registration keyed by its address would outlive it (a cache of such registrations is unsound
+//! without hooks on `munmap`). So a SEND from elsewhere is copied into a send slab (or posted
+//! inline); a region or READ destination from elsewhere is registered for that operation alone
+//! (counted in `TransportCounters::bytes_outside_pool`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -28,7 +20,36 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::AccessFlags;
 
 use super::error::{registration_failed, verbs};
-use crate::TransportError;
+use crate::{Buf, TransportError};
+
+/// The registrar of a connection's pool: chunks registered in the connection's own protection
+/// domain, for local write and (with [`crate::KeyPolicy::PoolKeys`]) remote READ.
+pub(crate) struct PdRegistrar {
+    pub(crate) pd: Arc<ProtectionDomain>,
+    pub(crate) remote_read: bool,
+}
+
+impl crate::pool::Registrar for PdRegistrar {
+    unsafe fn register(
+        &self,
+        ptr: std::ptr::NonNull<u8>,
+        len: usize,
+    ) -> Result<crate::pool::Registration, TransportError> {
+        let access = if self.remote_read {
+            AccessFlags::LocalWrite | AccessFlags::RemoteRead
+        } else {
+            AccessFlags::LocalWrite
+        };
+        // SAFETY: forwarded from the caller's contract (the memory outlives the registration).
+        let mr = unsafe { register_raw(&self.pd, ptr.as_ptr() as usize, len, access)? };
+        let keys = crate::pool::Keys { lkey: mr.lkey(), rkey: mr.rkey() };
+        Ok(crate::pool::Registration { keys, guard: Some(Box::new(mr)) })
+    }
+
+    fn registers(&self) -> bool {
+        true
+    }
+}
 
 /// Registers `len` bytes at `ptr`.
 ///
@@ -84,10 +105,6 @@ impl RegisteredBuf {
         self.mem.as_ptr() as u64 + offset as u64
     }
 
-    pub(crate) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
-        &self.mem[offset..offset + len]
-    }
-
     pub(crate) fn bytes_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
         &mut self.mem[offset..offset + len]
     }
@@ -122,10 +139,6 @@ impl SlotPool {
         Ok(SlotPool { buf, slot_size, free: (0..slots).rev().collect(), slots })
     }
 
-    pub(crate) fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-
     pub(crate) fn alloc(&mut self) -> Option<u32> {
         self.free.pop()
     }
@@ -141,11 +154,6 @@ impl SlotPool {
 
     pub(crate) fn addr(&self, slot: u32) -> u64 {
         self.buf.addr(slot as usize * self.slot_size)
-    }
-
-    /// The first `len` bytes of a slot (clamped to the slot size).
-    pub(crate) fn bytes(&self, slot: u32, len: usize) -> &[u8] {
-        self.buf.bytes(slot as usize * self.slot_size, len.min(self.slot_size))
     }
 
     pub(crate) fn bytes_mut(&mut self, slot: u32, len: usize) -> &mut [u8] {
@@ -190,33 +198,44 @@ impl AdvertisedRegion {
     }
 }
 
-/// A READ destination registered for the duration of one READ.
+/// A READ destination: a buffer of the connection's pool (its chunk's lkey), or memory from
+/// elsewhere registered for the duration of this READ.
 pub(crate) struct ReadDest {
-    // Field order: deregister before the Vec can be handed back.
+    // Field order: deregister before the buffer can be handed back.
     mr: Option<Arc<MemoryRegion>>,
-    dst: Vec<u8>,
+    lkey: u32,
+    dst: Buf,
 }
 
 impl fmt::Debug for ReadDest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ReadDest({} bytes)", self.dst.len())
+        write!(f, "ReadDest({} bytes, own registration: {})", self.dst.len(), self.mr.is_some())
     }
 }
 
 impl ReadDest {
-    /// Registers `dst` for local write (an empty `dst` needs no registration).
-    pub(crate) fn new(pd: &Arc<ProtectionDomain>, mut dst: Vec<u8>) -> Result<Self, TransportError> {
+    /// Uses the pool's keys for `dst` if it is pool memory; else registers it for local write
+    /// (an empty `dst` needs nothing). Returns whether a registration was made.
+    pub(crate) fn new(
+        pd: &Arc<ProtectionDomain>,
+        pool: &crate::MemPool,
+        mut dst: Buf,
+    ) -> Result<(Self, bool), TransportError> {
         if dst.is_empty() {
-            return Ok(ReadDest { mr: None, dst });
+            return Ok((ReadDest { mr: None, lkey: 0, dst }, false));
         }
-        // SAFETY: the Vec's heap buffer stays where it is while this struct owns the Vec (it is
-        // never resized), and `into_vec` drops the registration before giving the Vec back.
-        let mr = unsafe { register_raw(pd, dst.as_mut_ptr() as usize, dst.len(), AccessFlags::LocalWrite)? };
-        Ok(ReadDest { mr: Some(mr), dst })
+        if let Some(keys) = pool.keys_of(&dst) {
+            return Ok((ReadDest { mr: None, lkey: keys.lkey, dst }, false));
+        }
+        let (ptr, len) = (dst.as_mut_ptr() as usize, dst.len());
+        // SAFETY: the buffer's memory stays where it is while this struct owns it (a `Buf` never
+        // reallocates), and `into_buf` drops the registration before giving it back.
+        let mr = unsafe { register_raw(pd, ptr, len, AccessFlags::LocalWrite)? };
+        Ok((ReadDest { lkey: mr.lkey(), mr: Some(mr), dst }, true))
     }
 
     pub(crate) fn lkey(&self) -> u32 {
-        self.mr.as_ref().map_or(0, |m| m.lkey())
+        self.lkey
     }
 
     pub(crate) fn addr(&self, offset: u64) -> u64 {
@@ -227,9 +246,10 @@ impl ReadDest {
         self.dst.len() as u64
     }
 
-    /// Deregisters and returns the destination.
-    pub(crate) fn into_vec(mut self) -> Vec<u8> {
-        self.mr = None;
-        std::mem::take(&mut self.dst)
+    /// Deregisters (if registered for this READ) and returns the destination, and whether a
+    /// deregistration happened.
+    pub(crate) fn into_buf(mut self) -> (Buf, bool) {
+        let deregistered = self.mr.take().is_some();
+        (std::mem::replace(&mut self.dst, Buf::zeroed(0)), deregistered)
     }
 }

@@ -61,7 +61,7 @@ impl RdmaConnection {
             self.on_error_status(wc);
         }
         match op {
-            Op::Recv { slot, buf } => self.complete_recv(slot, buf, ok.then_some(wc.byte_len as usize)),
+            Op::Recv { buf, hello } => self.complete_recv(buf, hello, ok.then_some(wc.byte_len as usize)),
             Op::Send { wr_id, buf } => {
                 self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
                 self.release_send_buf(buf);
@@ -125,7 +125,13 @@ impl RdmaConnection {
             return;
         }
         let Some(op) = self.reads.remove(read) else { return };
-        let dst = op.dest.map(|d| d.into_vec()).unwrap_or_default();
+        let dst = match op.dest.map(|d| d.into_buf()) {
+            Some((dst, deregistered)) => {
+                self.counters.mr_deregistrations += u64::from(deregistered);
+                dst
+            }
+            None => crate::Buf::zeroed(0),
+        };
         let result = match op.error {
             Some(e) => Err(e),
             None => {
@@ -136,45 +142,29 @@ impl RdmaConnection {
         self.ready.push_back(Completion::Read { wr_id: op.wr_id, result });
     }
 
-    fn complete_recv(&mut self, slot: u32, buf: Option<crate::RecvBuffer>, len: Option<usize>) {
+    fn complete_recv(&mut self, mut buf: crate::RecvBuffer, hello: bool, len: Option<usize>) {
+        self.recv_done();
         let Some(len) = len else {
-            // Flushed (or failed) receive: the buffer is dropped, like any posted receive of a dead
-            // connection.
-            self.recv_pool.release(slot);
+            // Flushed (or failed) receive: the buffer goes back to the pool, like any posted
+            // receive of a dead connection.
             return;
         };
-        match buf {
-            None => {
-                let hello = Hello::decode(self.recv_pool.bytes(slot, len));
-                self.recv_pool.release(slot);
-                if let Err(e) = &hello {
-                    self.fail(e.to_string());
-                }
-                self.peer_hello = Some(hello);
+        // The receive was posted with at most `recv_size` (or the hello's) bytes: the NIC wrote
+        // no more (a longer message fails the receive with a local length error).
+        buf.set_len(len);
+        if hello {
+            let hello = Hello::decode(buf.bytes());
+            if let Err(e) = &hello {
+                self.fail(e.to_string());
             }
-            Some(mut buf) => {
-                if len > buf.capacity() {
-                    let msg = format!(
-                        "message of {len} bytes does not fit the posted receive buffer of {} bytes",
-                        buf.capacity()
-                    );
-                    self.reuse_recv_slot(slot);
-                    if self.failed.is_none() {
-                        self.malformed = true;
-                    }
-                    self.fail(msg);
-                    return;
-                }
-                buf.storage_mut()[..len].copy_from_slice(self.recv_pool.bytes(slot, len));
-                buf.set_len(len);
-                self.counters.recvs += 1;
-                self.reuse_recv_slot(slot);
-                // A message that arrived intact is delivered even if the connection failed since,
-                // unless the failure was already reported.
-                if !self.error_reported {
-                    self.ready.push_back(Completion::Recv { buf });
-                }
-            }
+            self.peer_hello = Some(hello);
+            return;
+        }
+        self.counters.recvs += 1;
+        // A message that arrived intact is delivered even if the connection failed since, unless
+        // the failure was already reported. The buffer is handed out as it is: no copy.
+        if !self.error_reported {
+            self.ready.push_back(Completion::Recv { buf });
         }
     }
 
@@ -186,6 +176,9 @@ impl RdmaConnection {
         }
         tracing::debug!(peer = %self.info.peer, reason, "rdma connection failed");
         self.failed = Some(reason.clone());
+        // Memory kept for reuse is released now; buffers in use (posted receives, READs and
+        // SENDs being flushed, buffers callers hold) when they are dropped.
+        self.pool.close();
         // Tell the peer (DREQ on IB/RoCE, TCP close on iWARP): its side fails too, never hangs.
         self.disconnect_cm();
         self.recv_backlog.clear();
@@ -216,7 +209,7 @@ impl RdmaConnection {
         self.qp = None;
         for op in self.ops.drain() {
             match op {
-                Op::Recv { slot, .. } => self.recv_pool.release(slot),
+                Op::Recv { .. } => {}
                 Op::Send { wr_id, buf } => {
                     self.release_send_buf(buf);
                     if let Some(wr_id) = wr_id {
@@ -232,5 +225,6 @@ impl RdmaConnection {
         }
         self.sq_outstanding = 0;
         self.reads_in_flight = 0;
+        self.rq_posted = 0;
     }
 }

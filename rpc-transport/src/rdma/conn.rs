@@ -20,16 +20,16 @@ use super::hello::Hello;
 use super::slab::Slab;
 use super::sys::WorkCompletion;
 use crate::{
-    Completion, ConnInfo, Connection, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters,
-    TransportError, WrId,
+    Buf, Completion, ConnInfo, Connection, KeyPolicy, MemPool, RKey, ReadError, RecvBuffer, RegionDesc,
+    TransportCounters, TransportError, WrId,
 };
 
 /// A work request in flight; its slab key is the verbs `wr_id`.
 #[derive(Debug)]
 pub(super) enum Op {
-    /// A posted receive into pool slot `slot`; `buf` is the caller's buffer to fill (`None`: the
-    /// hello receive).
-    Recv { slot: u32, buf: Option<RecvBuffer> },
+    /// A posted receive into `buf`, a buffer of the connection's pool (`hello`: the receive of
+    /// the peer's hello).
+    Recv { buf: RecvBuffer, hello: bool },
     /// A posted SEND; `wr_id` is `None` for the hello.
     Send { wr_id: Option<WrId>, buf: SendBuf },
     /// One chunk of the READ with key `read` in the READ slab.
@@ -43,6 +43,8 @@ pub(super) enum SendBuf {
     None,
     /// A slot of the send slab pool.
     Slab(u32),
+    /// Bytes of the connection's pool, sent as they are (kept alive until the completion).
+    Pooled { lkey: u32, bytes: Bytes },
     /// A buffer registered for this SEND alone (larger than a send slab).
     Own(RegisteredBuf),
 }
@@ -88,7 +90,12 @@ pub struct RdmaConnection {
     pub(super) limits: Limits,
     pub(super) ops: Slab<Op>,
     pub(super) reads: Slab<ReadOp>,
-    pub(super) recv_pool: SlotPool,
+    /// The connection's registered memory: receives, and whatever callers allocate from it.
+    pub(super) pool: MemPool,
+    pub(super) key_policy: KeyPolicy,
+    /// Receives posted, and how many the receive queue holds.
+    pub(super) rq_posted: u32,
+    pub(super) rq_capacity: u32,
     pub(super) recv_backlog: VecDeque<RecvBuffer>,
     pub(super) recv_size: usize,
     pub(super) send_pool: Option<SlotPool>,
@@ -100,7 +107,10 @@ pub struct RdmaConnection {
     pub(super) read_backlog: VecDeque<Chunk>,
     pub(super) sq_outstanding: u32,
     pub(super) reads_in_flight: u32,
+    /// Regions advertised with a registration of their own.
     pub(super) regions: HashMap<RKey, AdvertisedRegion>,
+    /// Regions of pool memory advertised with their chunk's key, kept alive until revoked.
+    pub(super) pooled_regions: HashMap<RegionDesc, Bytes>,
     pub(super) ready: VecDeque<Completion>,
     pub(super) peer_hello: Option<Result<Hello, TransportError>>,
     pub(super) failed: Option<String>,
@@ -246,29 +256,55 @@ impl Connection for RdmaConnection {
         Ok(())
     }
 
+    fn pool(&self) -> &MemPool {
+        &self.pool
+    }
+
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
         self.check_alive()?;
         let len = data.len() as u64;
+        let pooled = if data.is_empty() { None } else { self.pool.keys_of(&data) };
+        if let (Some(keys), KeyPolicy::PoolKeys) = (pooled, self.key_policy) {
+            let desc = RegionDesc { addr: data.as_ptr() as u64, len, rkey: keys.rkey };
+            // The same bytes advertised twice at once get a registration of their own, so that
+            // each descriptor is revoked on its own.
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.pooled_regions.entry(desc) {
+                slot.insert(data);
+                self.counters.regions_registered += 1;
+                return Ok(desc);
+            }
+        }
+        if pooled.is_none() {
+            self.counters.bytes_outside_pool += len;
+        }
         let (region, addr) = AdvertisedRegion::new(&self.pd, data)?;
+        self.counters.mr_registrations += 1;
         let rkey = region.rkey();
         self.regions.insert(rkey, region);
         self.counters.regions_registered += 1;
         Ok(RegionDesc { addr, len, rkey })
     }
 
-    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
+    fn deregister(&mut self, region: RegionDesc) -> Result<(), TransportError> {
+        if self.pooled_regions.remove(&region).is_some() {
+            // The bytes may go back to the pool: the peer reported its READ done, or the
+            // connection is gone. The chunk's key stays valid for this peer (KeyPolicy::PoolKeys).
+            self.counters.regions_revoked += 1;
+            return Ok(());
+        }
         // Dropping the region runs ibv_dereg_mr: the key is invalid at the NIC when this returns.
-        match self.regions.remove(&rkey) {
-            Some(region) => {
-                drop(region);
+        match self.regions.remove(&region.rkey) {
+            Some(own) => {
+                drop(own);
                 self.counters.regions_revoked += 1;
+                self.counters.mr_deregistrations += 1;
                 Ok(())
             }
-            None => Err(TransportError::UnknownKey(rkey)),
+            None => Err(TransportError::UnknownKey(region.rkey)),
         }
     }
 
-    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Buf) -> Result<(), TransportError> {
         self.check_alive()?;
         self.info.check_read(&remote, dst.len())?;
         self.start_read(wr_id, remote, dst)
@@ -299,7 +335,11 @@ impl Connection for RdmaConnection {
     }
 
     fn counters(&self) -> TransportCounters {
-        self.counters
+        let pool = self.pool.counters();
+        let mut c = self.counters;
+        c.mr_registrations += pool.registrations;
+        c.mr_deregistrations += pool.deregistrations;
+        c
     }
 
     fn close(&mut self) {

@@ -9,63 +9,91 @@ use sideway::ibverbs::queue_pair::{
 use super::buffers::{ReadDest, RegisteredBuf, SlotPool};
 use super::conn::{Chunk, Op, RdmaConnection, ReadOp, SendBuf};
 use super::error::{chain, verbs};
-use crate::{Completion, RecvBuffer, RegionDesc, TransportError, WrId};
+use super::hello::HELLO_MAX;
+use crate::{Buf, Completion, RecvBuffer, RegionDesc, TransportError, WrId};
 
 impl RdmaConnection {
-    /// Posts the hello receive and `recv_depth` fresh receive buffers (before the peer can send).
+    /// Posts the hello receive and `recv_depth` receive buffers from the pool (before the peer
+    /// can send).
     pub(super) fn post_initial_receives(&mut self, recv_depth: u32) -> Result<(), TransportError> {
-        let slot = self.recv_pool.alloc().ok_or_else(|| verbs("post_recv", "no slot for the hello"))?;
-        self.post_recv_slot(slot, None)?;
+        let hello = self.pool_recv_buffer(HELLO_MAX)?;
+        self.post_recv_buf(hello, true)?;
         for _ in 0..recv_depth {
-            let slot = self.recv_pool.alloc().ok_or_else(|| verbs("post_recv", "receive pool exhausted"))?;
-            self.post_recv_slot(slot, Some(RecvBuffer::new(self.recv_size)))?;
+            let buf = self.pool_recv_buffer(self.recv_size)?;
+            self.post_recv_buf(buf, false)?;
         }
         self.counters.recvs_posted += u64::from(recv_depth);
         Ok(())
     }
 
-    /// Posts a caller's buffer into a free slot, or keeps it until a slot frees up.
-    pub(super) fn post_user_recv(&mut self, buf: RecvBuffer) {
-        match self.recv_pool.alloc() {
-            Some(slot) => {
-                if let Err(e) = self.post_recv_slot(slot, Some(buf)) {
-                    self.fail(format!("posting a receive failed: {e}"));
-                }
-            }
-            None => self.recv_backlog.push_back(buf),
+    fn pool_recv_buffer(&self, size: usize) -> Result<RecvBuffer, TransportError> {
+        let mut buf = self.pool.alloc(size)?;
+        buf.set_len(size);
+        Ok(RecvBuffer::from_buf(buf))
+    }
+
+    /// Posts a caller's receive buffer: as it is if it is pool memory of at least `recv_size`
+    /// bytes (normally one a receive completion handed out), else a pool buffer in its place.
+    /// Beyond the receive queue's capacity, it waits until a receive completes.
+    pub(super) fn post_user_recv(&mut self, mut buf: RecvBuffer) {
+        let usable = {
+            let storage = buf.buf_mut().storage_mut();
+            storage.len() >= self.recv_size && self.pool.keys_of(&storage[..self.recv_size]).is_some()
+        };
+        if !usable {
+            buf = match self.pool_recv_buffer(self.recv_size) {
+                Ok(b) => b,
+                Err(e) => return self.fail(format!("allocating a receive buffer failed: {e}")),
+            };
+        }
+        if self.rq_posted >= self.rq_capacity {
+            self.recv_backlog.push_back(buf);
+            return;
+        }
+        if let Err(e) = self.post_recv_buf(buf, false) {
+            self.fail(format!("posting a receive failed: {e}"));
         }
     }
 
-    /// A receive slot came back: give it to the oldest buffer waiting for one.
-    pub(super) fn reuse_recv_slot(&mut self, slot: u32) {
-        match self.recv_backlog.pop_front() {
-            Some(buf) if self.failed.is_none() => {
-                if let Err(e) = self.post_recv_slot(slot, Some(buf)) {
-                    self.fail(format!("posting a receive failed: {e}"));
-                }
+    /// A receive completed: post the oldest buffer waiting for room in the receive queue.
+    pub(super) fn recv_done(&mut self) {
+        self.rq_posted = self.rq_posted.saturating_sub(1);
+        if self.failed.is_some() {
+            self.recv_backlog.clear();
+            return;
+        }
+        if let Some(buf) = self.recv_backlog.pop_front() {
+            if let Err(e) = self.post_recv_buf(buf, false) {
+                self.fail(format!("posting a receive failed: {e}"));
             }
-            _ => self.recv_pool.release(slot),
         }
     }
 
-    fn post_recv_slot(&mut self, slot: u32, buf: Option<RecvBuffer>) -> Result<(), TransportError> {
-        let (lkey, addr, len) =
-            (self.recv_pool.lkey(), self.recv_pool.addr(slot), self.recv_pool.slot_size());
+    fn post_recv_buf(&mut self, mut buf: RecvBuffer, hello: bool) -> Result<(), TransportError> {
+        let len = if hello { HELLO_MAX } else { self.recv_size };
+        let (lkey, addr) = {
+            let storage = &mut buf.buf_mut().storage_mut()[..len];
+            let keys = self
+                .pool
+                .keys_of(storage)
+                .ok_or_else(|| verbs("post_recv", "receive buffer outside the connection's pool"))?;
+            (keys.lkey, storage.as_mut_ptr() as u64)
+        };
         let Some(qp) = self.qp.as_mut() else {
-            self.recv_pool.release(slot);
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
         };
-        let key = self.ops.insert(Op::Recv { slot, buf });
+        let key = self.ops.insert(Op::Recv { buf, hello });
         let mut guard = qp.start_post_recv();
-        // SAFETY: the slot lies inside the pool's registered buffer (lkey), which the connection
-        // owns and frees only after the QP is destroyed; the slot is not touched by Rust code
-        // until its completion (or flush) returns it.
+        // SAFETY: `addr..addr+len` lies inside a chunk of the connection's pool (registered,
+        // lkey), owned by the buffer now held in `ops` until its completion or flush (or until the
+        // QP is destroyed); moving the buffer does not move its memory, and no Rust code touches
+        // it meanwhile.
         unsafe { guard.construct_wr(key).setup_sge(lkey, addr, len as u32) };
         if let Err(e) = guard.post() {
             self.ops.remove(key);
-            self.recv_pool.release(slot);
             return Err(verbs("ibv_post_recv", chain(&e)));
         }
+        self.rq_posted += 1;
         Ok(())
     }
 
@@ -96,7 +124,7 @@ impl RdmaConnection {
         &mut self,
         wr_id: WrId,
         remote: RegionDesc,
-        dst: Vec<u8>,
+        dst: Buf,
     ) -> Result<(), TransportError> {
         self.counters.reads_issued += 1;
         if dst.is_empty() {
@@ -104,7 +132,11 @@ impl RdmaConnection {
             self.ready.push_back(Completion::Read { wr_id, result: Ok(dst) });
             return Ok(());
         }
-        let dest = ReadDest::new(&self.pd, dst)?;
+        let (dest, registered) = ReadDest::new(&self.pd, &self.pool, dst)?;
+        if registered {
+            self.counters.mr_registrations += 1;
+            self.counters.bytes_outside_pool += remote.len;
+        }
         let chunk = self.limits.max_chunk.clamp(1, u64::from(u32::MAX));
         let chunks = remote.len.div_ceil(chunk);
         let read = self.reads.insert(ReadOp {
@@ -173,6 +205,8 @@ impl RdmaConnection {
         };
         let buf = if msg.len() <= self.limits.max_inline as usize {
             SendBuf::None
+        } else if let Some(keys) = self.pool.keys_of(&msg) {
+            SendBuf::Pooled { lkey: keys.lkey, bytes: msg.clone() }
         } else if msg.len() <= self.send_slab_size() {
             let slot = match self.send_slab() {
                 Ok(pool) => pool.alloc(),
@@ -192,6 +226,8 @@ impl RdmaConnection {
             match RegisteredBuf::new(&self.pd, msg.len()) {
                 Ok(mut own) => {
                     own.bytes_mut(0, msg.len()).copy_from_slice(&msg);
+                    self.counters.mr_registrations += 1;
+                    self.counters.bytes_outside_pool += msg.len() as u64;
                     SendBuf::Own(own)
                 }
                 Err(e) => return fail(self, e),
@@ -202,8 +238,10 @@ impl RdmaConnection {
             SendBuf::Slab(slot) => {
                 let pool = self.send_pool.as_mut().expect("slot came from the pool");
                 pool.bytes_mut(*slot, msg.len()).copy_from_slice(&msg);
+                self.counters.bytes_outside_pool += msg.len() as u64;
                 Some((pool.lkey(), pool.addr(*slot)))
             }
+            SendBuf::Pooled { lkey, bytes } => Some((*lkey, bytes.as_ptr() as u64)),
             SendBuf::Own(own) => Some((own.lkey(), own.addr(0))),
         };
         let oversized = matches!(buf, SendBuf::Own(_));
@@ -240,7 +278,7 @@ impl RdmaConnection {
     /// Gives back what a finished (completed, failed or flushed) SEND sent from.
     pub(super) fn release_send_buf(&mut self, buf: SendBuf) {
         match buf {
-            SendBuf::None => {}
+            SendBuf::None | SendBuf::Pooled { .. } => {}
             SendBuf::Slab(slot) => {
                 if let Some(pool) = self.send_pool.as_mut() {
                     pool.release(slot);
@@ -250,6 +288,7 @@ impl RdmaConnection {
                 // Deregistered and freed here: the NIC is done with it (completion or flush, or
                 // the QP is destroyed).
                 drop(own);
+                self.counters.mr_deregistrations += 1;
                 self.oversized_in_flight = false;
             }
         }
@@ -278,10 +317,11 @@ impl RdmaConnection {
             self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
         let mut guard = qp.start_post_send();
         let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
-        // SAFETY: `lkey`/`addr` name a slot of the registered send pool or the SEND's own
-        // registered buffer, holding `len` bytes; both are owned by the connection (the latter by
-        // this SEND's Op) until its completion or flush, or until after the QP is destroyed, and
-        // are not written meanwhile.
+        // SAFETY: `lkey`/`addr` name a slot of the registered send pool, the SEND's own
+        // registered buffer, or pool memory whose `Bytes` this SEND's Op holds, with `len` bytes;
+        // all are kept alive by the connection (the latter two by this SEND's Op) until its
+        // completion or flush, or until after the QP is destroyed, and are not written meanwhile
+        // (`Bytes` are immutable).
         unsafe { wr.setup_sge(lkey, addr, len as u32) };
         guard.post().map_err(|e| verbs("ibv_post_send", chain(&e)))
     }

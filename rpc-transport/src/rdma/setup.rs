@@ -22,7 +22,7 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttributeMask, QueuePairState};
 use sideway::rdmacm::communication_manager::Identifier;
 
-use super::buffers::{RegisteredBuf, SlotPool};
+use super::buffers::{PdRegistrar, RegisteredBuf};
 use super::cm::{attach_sink, CmChannel, CmEvent, CmSink};
 use super::config::RdmaConfig;
 use super::conn::{Limits, RdmaConnection};
@@ -32,7 +32,7 @@ use super::error::{chain, verbs, RdmaError};
 use super::hello::{Hello, HELLO_MAX, MAX_RD_ATOMIC};
 use super::slab::Slab;
 use super::sys::{self, ConnParamFields};
-use crate::{ConnInfo, ConnParams, Connection, TransportError};
+use crate::{ConnInfo, ConnParams, Connection, KeyPolicy, MemPool, TransportError};
 
 /// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: "as many as the device allows" to librdmacm.
 const RDMA_MAX_DEPTH: u8 = 0xff;
@@ -181,7 +181,9 @@ fn build_connection(
     qp.modify(&init).map_err(|e| verbs("ibv_modify_qp(INIT)", chain(&e)))?;
 
     let recv_size = params.recv_size as usize;
-    let recv_pool = SlotPool::new(&pd, rq_depth, recv_size.max(HELLO_MAX))?;
+    let registrar =
+        PdRegistrar { pd: Arc::clone(&pd), remote_read: params.key_policy == KeyPolicy::PoolKeys };
+    let pool = MemPool::with_registrar(Box::new(registrar), params.pool);
     let hello_buf = RegisteredBuf::new(&pd, HELLO_MAX)?;
     let max_chunk = match facts.max_msg_sz {
         0 => cfg.max_read_chunk,
@@ -202,7 +204,10 @@ fn build_connection(
         limits: Limits { sq_depth, max_inline, max_chunk, max_reads: 1, poll_budget: cfg.poll_budget.max(1) },
         ops: Slab::default(),
         reads: Slab::default(),
-        recv_pool,
+        pool,
+        key_policy: params.key_policy,
+        rq_posted: 0,
+        rq_capacity: rq_depth,
         recv_backlog: VecDeque::new(),
         recv_size,
         send_pool: None,
@@ -214,6 +219,7 @@ fn build_connection(
         sq_outstanding: 0,
         reads_in_flight: 0,
         regions: HashMap::new(),
+        pooled_regions: HashMap::new(),
         ready: VecDeque::new(),
         peer_hello: None,
         failed: None,

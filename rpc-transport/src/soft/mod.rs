@@ -18,8 +18,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 
 use crate::{
-    Completion, ConnParams, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters, TransportError, WrId,
-    MAX_PRIVATE_DATA,
+    Buf, Completion, ConnParams, MemPool, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    TransportError, WrId, MAX_PRIVATE_DATA,
 };
 
 use state::State;
@@ -64,6 +64,7 @@ type DeathHook = Box<dyn Fn(&Death) + Send + Sync>;
 /// whatever delivers to it (the peer's `mem` connection, the `tcp` reader and writer tasks).
 pub(crate) struct Soft {
     state: Mutex<State>,
+    pool: MemPool,
     on_death: OnceLock<DeathHook>,
 }
 
@@ -112,10 +113,17 @@ impl Soft {
     pub(crate) fn new(params: &ConnParams) -> Arc<Soft> {
         #[cfg(test)]
         pools_allocated::bump();
+        let pool = MemPool::heap(params.pool);
         Arc::new(Soft {
-            state: Mutex::new(State::new(params.recv_depth, params.recv_size)),
+            state: Mutex::new(State::new(params.recv_depth, params.recv_size, &pool)),
+            pool,
             on_death: OnceLock::new(),
         })
+    }
+
+    /// The endpoint's memory pool (receives come from it; so should READ destinations).
+    pub(crate) fn pool(&self) -> &MemPool {
+        &self.pool
     }
 
     /// Sets the function called (once, outside the lock) when this endpoint dies: the backend
@@ -160,6 +168,8 @@ impl Soft {
     pub(crate) fn fail(&self, death: Death) {
         let first = self.update(|st| st.die(death.clone()));
         if first {
+            // Memory kept for reuse goes now; buffers in use go when dropped.
+            self.pool.close();
             tracing::debug!(reason = death.reason(), "transport endpoint failed");
             if let Some(hook) = self.on_death.get() {
                 hook(&death);
@@ -210,7 +220,7 @@ impl Soft {
         &self,
         wr_id: WrId,
         remote: RegionDesc,
-        dst: Vec<u8>,
+        dst: Buf,
     ) -> Result<OpId, TransportError> {
         self.update(|st| st.begin_read(wr_id, remote, dst)).map_err(|d| d.to_error())
     }
@@ -218,13 +228,13 @@ impl Soft {
     /// Takes the destination of a pending READ so that it can be filled outside the lock; the
     /// READ stays pending (and is flushed if the endpoint dies meanwhile). `None` for an unknown
     /// id or a destination already taken.
-    pub(crate) fn take_read(&self, op: OpId) -> Option<(RegionDesc, Vec<u8>)> {
+    pub(crate) fn take_read(&self, op: OpId) -> Option<(RegionDesc, Buf)> {
         self.lock().take_read(op)
     }
 
     /// Completes a pending READ with its filled destination or its error (no effect if it was
     /// flushed meanwhile).
-    pub(crate) fn complete_read(&self, op: OpId, result: Result<Vec<u8>, ReadError>) {
+    pub(crate) fn complete_read(&self, op: OpId, result: Result<Buf, ReadError>) {
         self.update(|st| st.complete_read(op, result))
     }
 

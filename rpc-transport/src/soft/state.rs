@@ -7,7 +7,9 @@ use bytes::Bytes;
 
 use super::regions::RegionTable;
 use super::{Death, OpId};
-use crate::{Completion, ReadError, RecvBuffer, RegionDesc, TransportCounters, TransportError, WrId};
+use crate::{
+    Buf, Completion, MemPool, ReadError, RecvBuffer, RegionDesc, TransportCounters, TransportError, WrId,
+};
 
 /// `max_overflow` is at least this many messages.
 const MIN_OVERFLOW: usize = 64;
@@ -20,7 +22,7 @@ enum Pending {
     Read {
         wr_id: WrId,
         remote: RegionDesc,
-        dst: Option<Vec<u8>>,
+        dst: Option<Buf>,
     },
 }
 
@@ -46,9 +48,9 @@ pub(super) struct State {
 }
 
 impl State {
-    pub(super) fn new(recv_depth: u32, recv_size: u32) -> State {
+    pub(super) fn new(recv_depth: u32, recv_size: u32, pool: &MemPool) -> State {
         let posted: VecDeque<RecvBuffer> =
-            (0..recv_depth).map(|_| RecvBuffer::new(recv_size as usize)).collect();
+            (0..recv_depth).map(|_| recv_buffer(pool, recv_size as usize)).collect();
         let counters = TransportCounters { recvs_posted: u64::from(recv_depth), ..Default::default() };
         State {
             posted,
@@ -182,25 +184,20 @@ impl State {
         }
     }
 
-    pub(super) fn begin_read(
-        &mut self,
-        wr_id: WrId,
-        remote: RegionDesc,
-        dst: Vec<u8>,
-    ) -> Result<OpId, Death> {
+    pub(super) fn begin_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Buf) -> Result<OpId, Death> {
         self.alive()?;
         self.counters.reads_issued += 1;
         Ok(self.new_op(Pending::Read { wr_id, remote, dst: Some(dst) }))
     }
 
-    pub(super) fn take_read(&mut self, op: OpId) -> Option<(RegionDesc, Vec<u8>)> {
+    pub(super) fn take_read(&mut self, op: OpId) -> Option<(RegionDesc, Buf)> {
         match self.pending.get_mut(&op) {
             Some(Pending::Read { remote, dst, .. }) => dst.take().map(|d| (*remote, d)),
             _ => None,
         }
     }
 
-    pub(super) fn complete_read(&mut self, op: OpId, result: Result<Vec<u8>, ReadError>) {
+    pub(super) fn complete_read(&mut self, op: OpId, result: Result<Buf, ReadError>) {
         if let Some(Pending::Read { wr_id, .. }) = self.pending.get(&op) {
             let wr_id = *wr_id;
             self.pending.remove(&op);
@@ -234,4 +231,12 @@ impl State {
         }
         Poll::Pending
     }
+}
+
+/// A receive buffer of `size` bytes from `pool` (a heap pool cannot fail but for lack of memory;
+/// then a plain buffer does).
+pub(super) fn recv_buffer(pool: &MemPool, size: usize) -> RecvBuffer {
+    let mut buf = pool.alloc(size).unwrap_or_else(|_| Buf::zeroed(size));
+    buf.set_len(size);
+    RecvBuffer::from_buf(buf)
 }

@@ -97,14 +97,14 @@ fn death_flushes_pending_operations_in_order_then_errors_forever() {
     let soft = Soft::new(&params(2, 16));
     let region = RegionDesc { addr: 0x1000, len: 4, rkey: 7 };
     let s1 = soft.begin_send(10).unwrap();
-    let r1 = soft.begin_read(11, region, vec![0; 4]).unwrap();
+    let r1 = soft.begin_read(11, region, vec![0; 4].into()).unwrap();
     let _s2 = soft.begin_send(12).unwrap();
     soft.complete_send(s1, Ok(()));
     assert!(soft.take_read(r1).is_some(), "a backend holds the destination while the peer dies");
 
     soft.fail(Death::Closed("peer gone".into()));
     soft.fail(Death::Malformed("second death is ignored".into()));
-    soft.complete_read(r1, Ok(vec![1; 4])); // arrives too late: already flushed
+    soft.complete_read(r1, Ok(vec![1; 4].into())); // arrives too late: already flushed
 
     let (done, state) = drain(&soft);
     let summary: Vec<String> = done

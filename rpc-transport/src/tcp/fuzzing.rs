@@ -150,7 +150,7 @@ impl TcpReaderHarness {
         for (i, &len) in read_lens.iter().enumerate() {
             let wr_id = 1000 + i as u64;
             let remote = RegionDesc { addr: 0x1000 * (i as u64 + 1), len, rkey: i as u32 + 1 };
-            if let Ok(id) = soft.begin_read(wr_id, remote, vec![0; len as usize]) {
+            if let Ok(id) = soft.begin_read(wr_id, remote, vec![0; len as usize].into()) {
                 reads.push((id, wr_id, len));
             }
         }

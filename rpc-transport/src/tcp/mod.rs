@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::soft::{validate_params, Death, Soft, MAX_READ_SIZE};
 use crate::{
-    Completion, ConnInfo, ConnParams, Connection, RKey, RecvBuffer, RegionDesc, TransportCounters,
+    Buf, Completion, ConnInfo, ConnParams, Connection, MemPool, RecvBuffer, RegionDesc, TransportCounters,
     TransportError, WrId,
 };
 use handshake::PeerHello;
@@ -197,15 +197,19 @@ impl Connection for TcpConnection {
         Ok(())
     }
 
+    fn pool(&self) -> &MemPool {
+        self.soft.pool()
+    }
+
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
         Ok(self.soft.register(data))
     }
 
-    fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
-        self.soft.deregister(rkey)
+    fn deregister(&mut self, region: RegionDesc) -> Result<(), TransportError> {
+        self.soft.deregister(region.rkey)
     }
 
-    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
+    fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Buf) -> Result<(), TransportError> {
         self.info.check_read(&remote, dst.len())?;
         let id = self.soft.begin_read(wr_id, remote, dst)?;
         self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });

@@ -96,7 +96,7 @@ impl Reader {
                         buf.capacity()
                     )));
                 }
-                r.read_exact(&mut buf.storage_mut()[..len]).await.map_err(inside_frame)?;
+                r.read_exact(&mut buf.buf_mut().storage_mut()[..len]).await.map_err(inside_frame)?;
                 buf.set_len(len);
                 self.soft.complete_recv(buf);
                 Ok(())

@@ -104,7 +104,7 @@ pub async fn send_done(conn: &mut dyn Connection) -> (u64, Result<(), TransportE
 /// Waits for a READ completion; returns its id and result.
 pub async fn read_done(conn: &mut dyn Connection) -> (u64, Result<Vec<u8>, ReadError>) {
     match next(conn).await.expect("completion") {
-        Completion::Read { wr_id, result } => (wr_id, result),
+        Completion::Read { wr_id, result } => (wr_id, result.map(|b| b.to_vec())),
         other => panic!("expected a READ completion, got {other:?}"),
     }
 }

@@ -107,7 +107,7 @@ impl Pair {
                     let d = self.c.register(data);
                     self.client.handle_registered(call_id, Ok(d));
                 }
-                Op::Deregister { rkey } => revoke(&mut self.c, rkey),
+                Op::Deregister { region } => revoke(&mut self.c, region.rkey),
                 Op::Read { wr_id, remote } => self.c.reads.push_back((wr_id, remote)),
             }
         }
@@ -122,7 +122,7 @@ impl Pair {
                     let d = self.s.register(data);
                     self.server.handle_registered(call_id, Ok(d));
                 }
-                Op::Deregister { rkey } => revoke(&mut self.s, rkey),
+                Op::Deregister { region } => revoke(&mut self.s, region.rkey),
                 Op::Read { wr_id, remote } => self.s.reads.push_back((wr_id, remote)),
             }
         }

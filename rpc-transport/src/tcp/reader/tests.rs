@@ -80,12 +80,12 @@ fn read_responses_must_match_the_pending_read() {
     let remote = RegionDesc { addr: 0x100, len: 4, rkey: 9 };
     // Wrong length.
     let mut h = harness(1, 16);
-    let id = h.soft.begin_read(1, remote, vec![0; 4]).unwrap();
+    let id = h.soft.begin_read(1, remote, vec![0; 4].into()).unwrap();
     let death = run(&mut h, &wire::encode_read_resp(id, wire::STATUS_OK, 5));
     assert!(matches!(death, Death::Malformed(_)), "{death:?}");
     // Right length: filled and completed; a second answer to the same id is malformed.
     let mut h = harness(1, 16);
-    let id = h.soft.begin_read(7, remote, vec![0; 4]).unwrap();
+    let id = h.soft.begin_read(7, remote, vec![0; 4].into()).unwrap();
     let mut input = wire::encode_read_resp(id, wire::STATUS_OK, 4).to_vec();
     input.extend_from_slice(b"data");
     input.extend_from_slice(&wire::encode_read_resp(id, wire::STATUS_OK, 4));
@@ -140,8 +140,8 @@ fn read_requests_are_served_or_refused_without_data() {
 fn a_refused_read_completes_with_its_error_then_closes() {
     let mut h = harness(1, 16);
     let remote = RegionDesc { addr: 0x100, len: 4, rkey: 9 };
-    let refused = h.soft.begin_read(7, remote, vec![0; 4]).unwrap();
-    let _other = h.soft.begin_read(8, remote, vec![0; 4]).unwrap();
+    let refused = h.soft.begin_read(7, remote, vec![0; 4].into()).unwrap();
+    let _other = h.soft.begin_read(8, remote, vec![0; 4].into()).unwrap();
     let mut input = wire::encode_read_resp(refused, 1, 0).to_vec();
     input.extend(send_frame(b"never delivered"));
     let death = run(&mut h, &input);
@@ -201,7 +201,7 @@ proptest! {
         let mut h = harness(2, 32);
         let desc = h.soft.register(Bytes::from_static(b"0123456789abcdef"));
         for wr_id in 0..pending {
-            h.soft.begin_read(wr_id, desc, vec![0; desc.len as usize]).unwrap();
+            h.soft.begin_read(wr_id, desc, vec![0; desc.len as usize].into()).unwrap();
         }
         let death = run(&mut h, &input);
         // Whatever happened, the endpoint can still be failed and then reports an error.
