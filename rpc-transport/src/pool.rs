@@ -389,6 +389,12 @@ impl MemPool {
         drop(idle); // outside the lock: dropping chunks takes it
     }
 
+    /// Whether `bytes` lie in this pool's memory (a received message or READ that was handed
+    /// on without a copy, a payload encoded in place).
+    pub fn contains(&self, bytes: &[u8]) -> bool {
+        !bytes.is_empty() && self.keys_of(bytes).is_some()
+    }
+
     /// Whether this pool registers its chunks (rdma) or not (mem, tcp).
     pub fn registers(&self) -> bool {
         self.shared.registrar.registers()

@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rpc_transport::rdma::{self, RdmaConfig};
 use rpc_transport::{
-    Address, Completion, ConnParams, Connection, ReadError, RecvBuffer, RegionDesc, TransportError,
+    Address, Completion, ConnParams, Connection, KeyPolicy, ReadError, RecvBuffer, RegionDesc, TransportError,
 };
 
 /// Bound on every wait (user code runs ~17x slower in the TCG VM).
@@ -188,6 +188,8 @@ mod verbs {
         sends_larger_than_our_own_receive_size,
         silent_peer_does_not_block_the_listener,
         setups_in_progress_are_bounded,
+        pool_memory_needs_no_registration,
+        pool_keys_and_per_call_keys,
     );
 }
 
@@ -692,4 +694,86 @@ async fn setups_in_progress_are_bounded() {
     assert_eq!(recv(&mut server).await, b"waited");
     let result = within("the silent peer to be dropped", silent).await.expect("task");
     assert!(result.is_err(), "a peer that never sent its hello was accepted");
+}
+
+/// Pool memory is sent, advertised, READ into and received into without a registration (after
+/// the pool's chunks exist), and what arrives is handed out where the NIC wrote it.
+async fn pool_memory_needs_no_registration() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let payload = pattern(300 << 10);
+    for round in 0..3u64 {
+        let (c0, s0) = (client.counters(), server.counters());
+        // A SEND larger than inline data, from the pool.
+        let mut frame = client.pool().alloc(4000).unwrap();
+        frame.set_len(4000);
+        frame.copy_from_slice(&payload[..4000]);
+        client.post_send(round, frame.freeze()).unwrap();
+        let (_, sent) = send_done(&mut *client).await;
+        sent.expect("send");
+        match next(&mut *server).await.unwrap() {
+            Completion::Recv { buf } => {
+                assert_eq!(buf.bytes(), &payload[..4000]);
+                assert!(server.pool().contains(buf.bytes()), "received in place");
+                server.post_recv(buf).unwrap();
+            }
+            other => panic!("expected a receive, got {other:?}"),
+        }
+        // A region of pool memory, READ into pool memory.
+        let mut region = server.pool().alloc(payload.len()).unwrap();
+        region.set_len(payload.len());
+        region.copy_from_slice(&payload);
+        let desc = server.register(region.freeze()).unwrap();
+        let mut dst = client.pool().alloc(payload.len()).unwrap();
+        dst.set_len(payload.len());
+        client.post_read(7, desc, dst).unwrap();
+        let done = match next(&mut *client).await.unwrap() {
+            Completion::Read { wr_id: 7, result } => result.expect("READ"),
+            other => panic!("expected the READ, got {other:?}"),
+        };
+        assert!(done == payload);
+        assert!(client.pool().contains(&done), "READ in place");
+        server.deregister(desc).unwrap();
+        drop(done);
+        let (c1, s1) = (client.counters(), server.counters());
+        let regs = (c1.mr_registrations - c0.mr_registrations) + (s1.mr_registrations - s0.mr_registrations);
+        println!("round {round}: {regs} registrations");
+        assert_eq!(c1.bytes_outside_pool + s1.bytes_outside_pool, 0, "nothing from outside the pools");
+        if round > 0 {
+            assert_eq!(regs, 0, "round {round}: the pools' chunks are reused, nothing registered");
+        }
+    }
+}
+
+/// The key policy. `PoolKeys`: a pooled region is advertised with its chunk's key, which stays
+/// valid for this peer after the region is revoked (the buffer is then reused only for this
+/// connection's data). `PerCallKeys`: the region has a key of its own, and a READ after the
+/// revoke is refused (and fails the connection, as any refused READ).
+async fn pool_keys_and_per_call_keys() {
+    for policy in [KeyPolicy::PoolKeys, KeyPolicy::PerCallKeys] {
+        let p = ConnParams { key_policy: policy, ..ConnParams::default() };
+        let (mut client, mut server) = pair(p.clone(), p).await;
+        let mut region = server.pool().alloc(64 << 10).unwrap();
+        region.set_len(64 << 10);
+        region.fill(7);
+        let regs0 = server.counters().mr_registrations;
+        let desc = server.register(region.freeze()).unwrap();
+        let regs = server.counters().mr_registrations - regs0;
+        assert_eq!(regs, u64::from(policy == KeyPolicy::PerCallKeys), "{policy:?}: registrations");
+        client.post_read(1, desc, vec![0; 64 << 10].into()).unwrap();
+        assert_eq!(read_done(&mut *client).await, (1, Ok(vec![7; 64 << 10])));
+        server.deregister(desc).unwrap();
+        client.post_read(2, desc, vec![0; 64 << 10].into()).unwrap();
+        match policy {
+            KeyPolicy::PoolKeys => {
+                // Still readable: same connection, same chunk (documented default).
+                let (id, r) = read_done(&mut *client).await;
+                assert_eq!(id, 2);
+                assert!(r.is_ok(), "pool key after revoke: {r:?}");
+            }
+            KeyPolicy::PerCallKeys => {
+                assert_eq!(read_done(&mut *client).await, (2, refused(desc.rkey)));
+                expect_connection_failed(&mut *client, &mut *server).await;
+            }
+        }
+    }
 }

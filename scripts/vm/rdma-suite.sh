@@ -6,7 +6,7 @@
 #
 #  1. scripts/vm/setup.sh (idempotent: packages incl. cmake/clang/rdma-core, kernel, siw.ko, initramfs);
 #  2. on the host: `cargo test --no-run` with the rdma features for the test binaries rdma_seam,
-#     rdma_memlock (rpc-transport), e2e_calls, e2e_failures, e2e_limits (rpc-core), and
+#     rdma_memlock (rpc-transport), e2e_calls, e2e_failures, e2e_limits, e2e_pool (rpc-core), and
 #     `cargo build --release` of the kv example and rpc-bench with the rdma features;
 #  3. in the VM, for rxe0 and then siw0 (rxe0 is deleted first: rdma_cm binds 10.0.2.15 to the first
 #     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15: each test
@@ -36,7 +36,8 @@ KEEP_SUITES=10
 DEVICES=(rxe0 siw0)
 GUEST_IP=10.0.2.15
 # package:test-target, in the order they run.
-TEST_TARGETS=(rpc-transport:rdma_seam rpc-transport:rdma_memlock rpc-core:e2e_calls rpc-core:e2e_failures rpc-core:e2e_limits)
+TEST_TARGETS=(rpc-transport:rdma_seam rpc-transport:rdma_memlock rpc-core:e2e_calls rpc-core:e2e_failures rpc-core:e2e_limits
+    rpc-core:e2e_pool)
 CARGO_FEATURES=(--features "rpc-core/rdma rpc-transport/rdma")
 RELEASE_FEATURES=(--features "examples/rdma benches/rdma")
 
@@ -87,7 +88,7 @@ status_word() {
 # run_test DEV NAME DIR EXE: one test binary, as `cargo test` would run it, rdma tests only.
 run_test() {
     local dev="$1" name="$2" dir="$3" exe="$4" log="$SUITE_DIR/$1/$2.log"
-    run_step "$log" env -C "$dir" CARGO_MANIFEST_DIR="$dir" "$exe" --ignored --test-threads 2
+    run_step "$log" env -C "$dir" CARGO_MANIFEST_DIR="$dir" "$exe" --ignored --test-threads 2 --show-output
     local line passed failed
     line="$(grep -a '^test result:' "$log" | tail -n 1 || true)"
     passed="$(sed -n 's/.* \([0-9][0-9]*\) passed.*/\1/p' <<<"$line")"
@@ -283,6 +284,18 @@ perftest_field() {
     { grep -ao "$2=[0-9.]*" "$SUITE_DIR/$1/perftest.log" 2>/dev/null || true; } | head -n 1 | cut -d= -f2
 }
 
+# The steady-state registration counts e2e_pool printed (client + server, per call).
+pool_lines() {
+    local log="$SUITE_DIR/$1/e2e_pool.log" policy label n
+    for policy in PoolKeys PerCallKeys; do
+        label="steady state"
+        [[ "$policy" == PerCallKeys ]] && label="steady state, per-call keys"
+        n="$(grep -a "\[Rdma, $policy, batch" "$log" 2>/dev/null | tail -n 1 |
+            sed -n 's/.*registrations per call (steady state): \([0-9.]*\).*/\1/p')"
+        printf '  registrations per call (%s): %s\n' "$label" "${n:-missing}"
+    done
+}
+
 bench_table() {
     local dev="$1" bench="$SUITE_DIR/$1/bench"
     local p50 lat bw1 bw16 w s gbps mibps ref
@@ -364,6 +377,7 @@ summarize() {
                 FAILURES=$((FAILURES + 1))
             fi
         done
+        pool_lines "$dev"
         bench_table "$dev"
     done
     if [[ -s "$SUITE_DIR/flaky.tsv" ]]; then

@@ -149,8 +149,19 @@ impl RdmaConnection {
             // receive of a dead connection.
             return;
         };
-        // The receive was posted with at most `recv_size` (or the hello's) bytes: the NIC wrote
-        // no more (a longer message fails the receive with a local length error).
+        // The receive was posted with `recv_size` (or the hello's) bytes: the NIC wrote no more
+        // (a longer message fails the receive with a local length error). A caller's buffer may
+        // take less.
+        if !hello && len > buf.capacity() {
+            let msg = format!(
+                "message of {len} bytes does not fit the posted receive buffer of {} bytes",
+                buf.capacity()
+            );
+            if self.failed.is_none() {
+                self.malformed = true;
+            }
+            return self.fail(msg);
+        }
         buf.set_len(len);
         if hello {
             let hello = Hello::decode(buf.bytes());

@@ -33,16 +33,21 @@ impl RdmaConnection {
     }
 
     /// Posts a caller's receive buffer: as it is if it is pool memory of at least `recv_size`
-    /// bytes (normally one a receive completion handed out), else a pool buffer in its place.
-    /// Beyond the receive queue's capacity, it waits until a receive completes.
+    /// bytes (normally one a receive completion handed out), else a pool buffer in its place
+    /// that takes no larger a message than the caller's. Beyond the receive queue's capacity, it
+    /// waits until a receive completes.
     pub(super) fn post_user_recv(&mut self, mut buf: RecvBuffer) {
         let usable = {
             let storage = buf.buf_mut().storage_mut();
             storage.len() >= self.recv_size && self.pool.keys_of(&storage[..self.recv_size]).is_some()
         };
         if !usable {
-            buf = match self.pool_recv_buffer(self.recv_size) {
-                Ok(b) => b,
+            let limit = buf.capacity().min(self.recv_size);
+            buf = match self.pool.alloc(self.recv_size) {
+                Ok(mut b) => {
+                    b.set_len(limit);
+                    RecvBuffer::from_buf(b)
+                }
                 Err(e) => return self.fail(format!("allocating a receive buffer failed: {e}")),
             };
         }

@@ -1,0 +1,103 @@
+//! Registered memory in steady state, over every transport: repeated calls take every buffer
+//! from the connections' pools (no new chunk, so no registration on rdma), nothing is copied
+//! into or registered from memory outside the pools, and what a call receives (eager or by READ)
+//! is handed on where it landed. Prints `registrations per call (steady state): N` (the rdma
+//! suite shows it per device).
+
+mod common;
+
+use bytes::Bytes;
+use common::{pattern, setup_with, Kind, THRESHOLD};
+use rpc_core::codec;
+use rpc_core::transport::{KeyPolicy, TransportCounters};
+use rpc_core::{CallOptions, ClientConfig, ServerConfig};
+
+const SIZES: [usize; 4] = [32, 2 * THRESHOLD, 64 << 10, 1 << 20];
+const WARMUP: usize = 4;
+const ROUNDS: usize = 16;
+const BATCHES: usize = 4;
+
+fn sum(a: &TransportCounters, b: &TransportCounters) -> (u64, u64, u64) {
+    let t = a.merged(b);
+    (t.mr_registrations, t.mr_deregistrations, t.bytes_outside_pool)
+}
+
+async fn counters(s: &common::Setup) -> (u64, u64, u64) {
+    let client = s.client.client().stats().await.expect("stats").transport;
+    sum(&client, &s.server.stats().transport)
+}
+
+/// One echo round trip per size, raw (so that the response bytes are seen as they arrived).
+async fn round(s: &common::Setup, check_zero_copy: bool) {
+    let client = s.client.client();
+    let id = rpc_core::__private::method_id("Echo.echo");
+    for &size in &SIZES {
+        let data = pattern(size, size as u8);
+        let payload = codec::encode_in(client.pool(), &(data.clone(),)).expect("encode");
+        assert!(client.pool().contains(&payload), "arguments are encoded in the pool");
+        let response = client.call(id, payload, &CallOptions::default()).await.expect("echo");
+        if check_zero_copy {
+            assert!(
+                client.pool().contains(&response),
+                "the {size}-byte response is handed on where it landed (receive buffer or READ destination)"
+            );
+        }
+        let back: Bytes = codec::decode(&response).expect("decode");
+        assert_eq!(back, data);
+    }
+}
+
+/// Batches of rounds until one takes no new chunk from either side's pool (the pools reached
+/// their working set), at most [`BATCHES`]; returns that batch's registrations per call.
+async fn steady_state(kind: Kind, policy: KeyPolicy) -> f64 {
+    let proto = common::proto().key_policy(policy);
+    let s =
+        setup_with(kind, ServerConfig::default().proto(proto.clone()), ClientConfig::default().proto(proto))
+            .await;
+    for _ in 0..WARMUP {
+        round(&s, false).await;
+    }
+    for batch in 0..BATCHES {
+        let pool_before = s.client.client().pool().counters();
+        let (regs, deregs, outside) = counters(&s).await;
+        for _ in 0..ROUNDS {
+            round(&s, true).await;
+        }
+        let pool_after = s.client.client().pool().counters();
+        let (regs2, deregs2, outside2) = counters(&s).await;
+        let calls = (ROUNDS * SIZES.len()) as f64;
+        let per_call = (regs2 - regs) as f64 / calls;
+        println!(
+            "[{kind:?}, {policy:?}, batch {batch}] registrations per call (steady state): {per_call:.2} \
+             (deregistrations {:.2}, bytes copied outside the pool {:.0}, client pool new chunks {})",
+            (deregs2 - deregs) as f64 / calls,
+            (outside2 - outside) as f64 / calls,
+            pool_after.misses - pool_before.misses,
+        );
+        assert_eq!(pool_after.one_off, pool_before.one_off, "no one-off buffer");
+        assert_eq!(outside2, outside, "nothing copied into or registered from memory outside the pools");
+        let grew = pool_after.misses != pool_before.misses;
+        let pool_regs = matches!(policy, KeyPolicy::PoolKeys) && regs2 != regs;
+        if !grew && !pool_regs {
+            return per_call;
+        }
+    }
+    panic!("the pools still grew after {BATCHES} batches of {ROUNDS} rounds: no steady state");
+}
+
+over_all_transports! {
+    async fn steady_state_calls_take_everything_from_the_pools(kind: Kind) {
+        let per_call = steady_state(kind, KeyPolicy::PoolKeys).await;
+        assert_eq!(per_call, 0.0, "no registration per call in steady state");
+    }
+
+    async fn per_call_keys_register_each_advertised_payload(kind: Kind) {
+        let per_call = steady_state(kind, KeyPolicy::PerCallKeys).await;
+        if matches!(kind, Kind::Rdma) {
+            // Rendezvous sizes (2 of the 4): the request and the response each get a key of their own.
+            assert!(per_call >= 0.9, "per-call keys register every advertised payload: {per_call}");
+        } else {
+            assert_eq!(per_call, 0.0, "mem and tcp register nothing");
+        }
+    }
+}
