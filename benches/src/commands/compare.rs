@@ -84,6 +84,72 @@ struct CompareReport {
     report: Report,
     repeat: usize,
     rows: Vec<Row>,
+    mem_floor: MemFloor,
+}
+
+/// In-process `mem` echo of [`FLOOR_SIZE`] against the floor of moving it: two memcpys.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct MemFloor {
+    size: usize,
+    /// Median over runs of the echo's p50, in microseconds.
+    echo_p50_us: f64,
+    /// Median of two 16 MiB memcpys (to a buffer and back), in microseconds.
+    two_memcpy_us: f64,
+    /// `echo_p50_us / two_memcpy_us` (the goal is at most 2).
+    ratio: f64,
+}
+
+const FLOOR_SIZE: usize = 16 << 20;
+
+/// Times two memcpys of `size` bytes (there and back, like an echo's payload), `iters` times;
+/// returns the median in microseconds. Buffers are written first, so no page fault is timed.
+fn two_memcpys_us(size: usize, iters: usize) -> f64 {
+    let mut a = vec![1u8; size];
+    let mut b = vec![2u8; size];
+    let mut times = Vec::with_capacity(iters);
+    for i in 0..iters {
+        let start = std::time::Instant::now();
+        b.copy_from_slice(std::hint::black_box(&a));
+        a.copy_from_slice(std::hint::black_box(&b));
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+        a[i % size] = i as u8;
+    }
+    median(times).unwrap_or(f64::NAN)
+}
+
+/// The in-process `mem` echo of 16 MiB next to its floor, measured in this run.
+async fn mem_floor(a: &CompareArgs, runs: usize) -> Result<MemFloor, BenchError> {
+    let listen = super::listen_address("mem");
+    let server = crate::peers::RunningServer::start(System::RpcCore, &listen, &a.proto).await?;
+    let metric = Metric {
+        name: "16 MiB echo over mem",
+        size: FLOOR_SIZE,
+        outstanding: 1,
+        pick: |p| p.latency_us.p50,
+        lower_is_better: true,
+    };
+    let mut echo = Vec::new();
+    let mut copies = Vec::new();
+    for _ in 0..runs {
+        let spec = spec(&metric, a.duration);
+        let measured = measure_point(System::RpcCore, &server.local_addr(), &a.proto, &spec).await?;
+        echo.push((metric.pick)(&Point::new(System::RpcCore, "mem", &spec, &measured)));
+        copies.push(two_memcpys_us(FLOOR_SIZE, 20));
+    }
+    server.stop().await;
+    let (echo_p50_us, two_memcpy_us) = (median(echo).unwrap_or(f64::NAN), median(copies).unwrap_or(f64::NAN));
+    let floor = MemFloor { size: FLOOR_SIZE, echo_p50_us, two_memcpy_us, ratio: echo_p50_us / two_memcpy_us };
+    println!(
+        "\n# in-process mem echo of 16 MiB vs its floor (medians of {runs} run(s))\n\
+         {:<36} {:>12.0} us\n{:<36} {:>12.0} us\n{:<36} {:>15.2}x  (goal <= 2)",
+        "16 MiB echo over mem, p50",
+        floor.echo_p50_us,
+        "2 x memcpy of 16 MiB",
+        floor.two_memcpy_us,
+        "echo / floor",
+        floor.ratio
+    );
+    Ok(floor)
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -175,10 +241,12 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
         })
         .collect();
     print_rows(&rows, runs);
+    let floor = mem_floor(&a, runs).await?;
     let report = CompareReport {
         report: Report { environment: env, points, servers: Vec::new() },
         repeat: runs,
         rows,
+        mem_floor: floor,
     };
     let out = &a.output.out;
     std::fs::create_dir_all(out).map_err(|e| BenchError::output(out, e))?;
