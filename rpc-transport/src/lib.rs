@@ -142,6 +142,53 @@ pub struct ConnParams {
     /// What a peer may READ with the keys it is given (`rdma`; `mem` and `tcp` always check a
     /// region's own key and bounds). Default [`KeyPolicy::PoolKeys`].
     pub key_policy: KeyPolicy,
+    /// Settings of the verbs backend (ignored by `mem` and `tcp`).
+    pub rdma: RdmaSettings,
+}
+
+/// The verbs backend's settings a program sets in code. Each `RPC_RDMA_*` environment variable,
+/// when set, overrides its field (so that tools and tests can redirect a program).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RdmaSettings {
+    /// Device that must carry the connection (`RPC_RDMA_DEVICE`); `None`: whichever device
+    /// rdma_cm binds the address to.
+    pub device: Option<String>,
+    /// Port of the device (`RPC_RDMA_PORT`); `None`: 1.
+    pub port: Option<u8>,
+    /// GID index checked at setup (`RPC_RDMA_GID_INDEX`); `None`: 1, the IPv4-mapped GID on rxe.
+    pub gid_index: Option<u32>,
+    /// Busy-poll window (`RPC_RDMA_BUSY_POLL_US`); default zero: sleep on the completion channel
+    /// as soon as the completion queue is empty. Otherwise, after each completion the
+    /// connection's task keeps polling for up to this long, yielding to the runtime between
+    /// polls (other tasks run, the thread is never blocked), before it sleeps. Cost: up to this
+    /// much CPU per burst of completions on the thread that drives the connection (counted in
+    /// `TransportCounters::busy_poll_spins`); gain: no event, syscall and wake-up on the
+    /// completions that arrive within the window.
+    pub busy_poll: std::time::Duration,
+}
+
+impl RdmaSettings {
+    /// Sets the device.
+    pub fn device(mut self, name: impl Into<String>) -> Self {
+        self.device = Some(name.into());
+        self
+    }
+    /// Sets the port.
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = Some(port);
+        self
+    }
+    /// Sets the GID index.
+    pub fn gid_index(mut self, index: u32) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+    /// Sets the busy-poll window.
+    pub fn busy_poll(mut self, window: std::time::Duration) -> Self {
+        self.busy_poll = window;
+        self
+    }
 }
 
 /// Which keys advertised regions carry, and so what a peer can READ with them.
@@ -172,6 +219,7 @@ impl Default for ConnParams {
             tcp_keepalive: Some(std::time::Duration::from_secs(10)),
             pool: PoolLimits::default(),
             key_policy: KeyPolicy::PoolKeys,
+            rdma: RdmaSettings::default(),
         }
     }
 }
@@ -341,6 +389,9 @@ pub struct TransportCounters {
     /// Bytes sent, advertised or READ into that were not in the connection's pool and had to
     /// be copied into it or registered for the operation (rdma; 0 on `mem` and `tcp`).
     pub bytes_outside_pool: u64,
+    /// Empty completion-queue polls spent inside busy-poll windows (rdma with a busy-poll window;
+    /// each is one pass of the connection's task through the runtime: its CPU cost).
+    pub busy_poll_spins: u64,
 }
 
 impl TransportCounters {
@@ -360,6 +411,7 @@ impl TransportCounters {
         out.mr_registrations += other.mr_registrations;
         out.mr_deregistrations += other.mr_deregistrations;
         out.bytes_outside_pool += other.bytes_outside_pool;
+        out.busy_poll_spins += other.busy_poll_spins;
         out
     }
 }

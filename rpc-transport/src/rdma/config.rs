@@ -26,10 +26,8 @@ pub struct RdmaConfig {
     /// GID on rxe). rdma_cm picks the GID it routes with; this index is checked at setup so that a
     /// misconfigured port fails early with [`super::RdmaError::GidNotFound`].
     pub gid_index: u32,
-    /// Busy-poll window (`RPC_RDMA_BUSY_POLL_US`, default 0). When a poll of the CQ finds nothing,
-    /// keep polling for up to this long before arming the completion channel and sleeping. Trades
-    /// CPU for latency; 0 disables it. The window adapts: it is skipped after a window that found
-    /// nothing, and used again after the next completion that arrived through an event.
+    /// Busy-poll window (`RPC_RDMA_BUSY_POLL_US`, default 0): see
+    /// [`crate::RdmaSettings::busy_poll`].
     pub busy_poll: Duration,
     /// Largest number of completions taken from the CQ in one wake-up (bounded work per wake).
     pub poll_budget: usize,
@@ -87,7 +85,29 @@ impl RdmaConfig {
     /// The defaults, overridden by `RPC_RDMA_DEVICE`, `RPC_RDMA_PORT`, `RPC_RDMA_GID_INDEX` and
     /// `RPC_RDMA_BUSY_POLL_US`. Unparsable numbers are ignored with a warning.
     pub fn from_env() -> Self {
+        RdmaConfig::default().with_env()
+    }
+
+    /// The settings a program gave ([`crate::ConnParams::rdma`]), then the environment's
+    /// overrides: what `rdma://` addresses use.
+    pub fn from_settings(s: &crate::RdmaSettings) -> Self {
         let mut cfg = RdmaConfig::default();
+        if let Some(dev) = &s.device {
+            cfg.device = Some(dev.clone());
+        }
+        if let Some(port) = s.port {
+            cfg.port = port;
+        }
+        if let Some(gid) = s.gid_index {
+            cfg.gid_index = gid;
+        }
+        cfg.busy_poll = s.busy_poll;
+        cfg.with_env()
+    }
+
+    /// Applies the `RPC_RDMA_*` environment variables that are set.
+    fn with_env(self) -> Self {
+        let mut cfg = self;
         if let Ok(dev) = std::env::var(ENV_DEVICE) {
             if !dev.trim().is_empty() {
                 cfg.device = Some(dev.trim().to_string());

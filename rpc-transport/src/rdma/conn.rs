@@ -339,6 +339,7 @@ impl Connection for RdmaConnection {
         let mut c = self.counters;
         c.mr_registrations += pool.registrations;
         c.mr_deregistrations += pool.deregistrations;
+        c.busy_poll_spins = self.cq.spins();
         c
     }
 

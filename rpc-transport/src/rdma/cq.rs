@@ -4,7 +4,12 @@
 //! registered with tokio ([`AsyncFd`]). [`CqPoller::poll`] does, in order:
 //!
 //! 1. poll the CQ (at most `budget` completions: bounded work per wake-up);
-//! 2. if that found nothing: optionally busy-poll for [`RdmaConfig::busy_poll`];
+//! 2. if that found nothing and the busy-poll window ([`RdmaConfig::busy_poll`]) is open, wake our
+//!    own task and return `Pending`: the runtime runs every other ready task (the caller, the
+//!    handler: whose work ends the wait) and polls us again at once. The window opens at the
+//!    first empty poll after a completion and closes `busy_poll` later: we spin while
+//!    completions keep coming, and sleep on the channel when they stop. Never blocking the
+//!    thread is what makes spinning pay on a current-thread runtime;
 //! 3. if the CQ is not armed: `ibv_req_notify_cq`, then **poll once more** (a completion that
 //!    landed between the empty poll and the arming raises no event);
 //! 4. wait for the channel fd: on readiness take every event (`ibv_get_cq_event`), acknowledge them
@@ -41,7 +46,11 @@ pub(crate) struct CqPoller {
     unacked: u32,
     wcs: Vec<WorkCompletion>,
     busy_poll: Duration,
-    skip_busy_poll: bool,
+    /// When the current busy-poll window opened (`None`: closed, or no completion since the
+    /// last sleep on the channel).
+    spin_since: Option<Instant>,
+    /// Polls that found nothing inside a busy-poll window (its CPU cost, for counters).
+    spins: u64,
 }
 
 impl std::fmt::Debug for CqPoller {
@@ -69,7 +78,8 @@ impl CqPoller {
             unacked: 0,
             wcs: vec![sys::empty_wc(); POLL_BATCH],
             busy_poll: cfg.busy_poll,
-            skip_busy_poll: false,
+            spin_since: None,
+            spins: 0,
         })
     }
 
@@ -90,10 +100,14 @@ impl CqPoller {
         loop {
             let n = self.drain(budget, &mut on_wc)?;
             if n > 0 {
+                // Completions keep coming: the next empty poll opens a new window.
+                self.spin_since = None;
                 return Poll::Ready(Ok(n));
             }
-            if let Some(n) = self.busy_poll(budget, &mut on_wc)? {
-                return Poll::Ready(Ok(n));
+            if self.spinning() {
+                self.spins += 1;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             if !self.armed {
                 sys::req_notify_cq(&self.cq)?;
@@ -116,8 +130,6 @@ impl CqPoller {
                     if self.unacked >= ACK_BATCH {
                         self.ack_events();
                     }
-                    // A wake-up through the channel: the busy-poll window may pay off again.
-                    self.skip_busy_poll = false;
                 }
             }
         }
@@ -140,26 +152,26 @@ impl CqPoller {
         Ok(handled)
     }
 
-    /// The optional busy-poll window: `Some(n)` if it found completions.
-    fn busy_poll(
-        &mut self,
-        budget: usize,
-        on_wc: &mut impl FnMut(&WorkCompletion),
-    ) -> io::Result<Option<usize>> {
-        if self.busy_poll.is_zero() || self.skip_busy_poll {
-            return Ok(None);
+    /// Whether the busy-poll window is open (opening it at this empty poll if it was closed).
+    /// A window that ran out stays closed until the next completion.
+    fn spinning(&mut self) -> bool {
+        if self.busy_poll.is_zero() {
+            return false;
         }
-        let start = Instant::now();
-        while start.elapsed() < self.busy_poll {
-            let n = self.drain(budget, on_wc)?;
-            if n > 0 {
-                return Ok(Some(n));
+        let now = Instant::now();
+        match self.spin_since {
+            None if self.armed => false, // asleep on the channel: no window until a completion
+            None => {
+                self.spin_since = Some(now);
+                true
             }
-            std::hint::spin_loop();
+            Some(since) => now.duration_since(since) < self.busy_poll,
         }
-        // Nothing came within the window: don't spin again until an event wakes us.
-        self.skip_busy_poll = true;
-        Ok(None)
+    }
+
+    /// Empty polls spent inside busy-poll windows since creation.
+    pub(crate) fn spins(&self) -> u64 {
+        self.spins
     }
 
     fn ack_events(&mut self) {

@@ -38,7 +38,7 @@ const CM_BACKLOG: i32 = 64;
 
 /// Listens on `addr` with the configuration from the environment.
 pub async fn listen(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Listener>, TransportError> {
-    Ok(Box::new(listen_with(addr, params, RdmaConfig::from_env())?))
+    Ok(Box::new(listen_with(addr, params.clone(), RdmaConfig::from_settings(&params.rdma))?))
 }
 
 /// Listens on `addr` (port 0: a free port is picked) with an explicit configuration. Must be

@@ -47,7 +47,7 @@ pub(super) fn check_params(params: &ConnParams) -> Result<(), TransportError> {
 
 /// Connects to `addr` with the configuration from the environment (see [`RdmaConfig::from_env`]).
 pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Connection>, TransportError> {
-    Ok(Box::new(connect_with(addr, params, RdmaConfig::from_env()).await?))
+    Ok(Box::new(connect_with(addr, params.clone(), RdmaConfig::from_settings(&params.rdma)).await?))
 }
 
 /// Connects to `addr` with an explicit configuration.
