@@ -101,3 +101,41 @@ over_all_transports! {
         }
     }
 }
+
+/// What a connection's pool holds: idle after setup, after small calls, after large ones (the
+/// figures the README quotes), within its limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_memory_of_a_connection_is_bounded() {
+    let limits = rpc_core::transport::PoolLimits { max_bytes: 96 << 20, max_idle_bytes: 40 << 20 };
+    let proto = rpc_core::ProtoConfig::default().pool(limits);
+    let s = setup_with(
+        Kind::Tcp,
+        ServerConfig::default().proto(proto.clone()),
+        ClientConfig::default().proto(proto),
+    )
+    .await;
+    let pool = s.client.client().pool().clone();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let idle = pool.counters().pooled_bytes;
+    for i in 0..100u32 {
+        s.client.echo(pattern(100, i as u8)).await.expect("small");
+    }
+    let small = pool.counters().pooled_bytes;
+    for _ in 0..4 {
+        s.client.echo(pattern(16 << 20, 3)).await.expect("16 MiB");
+    }
+    let after_large = pool.counters();
+    println!(
+        "client pool, default recv_depth and eager threshold: {:.2} MiB after setup, {:.2} MiB after 100 small calls, \
+         {:.2} MiB after 16 MiB echoes (registered {:.2} MiB)",
+        mib(idle),
+        mib(small),
+        mib(after_large.pooled_bytes),
+        mib(after_large.registered_bytes)
+    );
+    assert!(idle <= 1 << 20, "receives of an idle connection: {idle}");
+    assert!(after_large.pooled_bytes <= limits.max_bytes as u64);
+    // Idle now: at most max_idle_bytes of large buffers, plus the small chunks.
+    assert!(after_large.pooled_bytes <= limits.max_idle_bytes as u64 + small + (2 << 20));
+    drop(s);
+}
