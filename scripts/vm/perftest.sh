@@ -116,6 +116,18 @@ measure_send_lat() {
         "(perftest cycles / $mhz MHz)"
 }
 
+# The same, event-driven (`-e`: sleep on the completion channel, as our default does): sets
+# LAT_EV_TYP_US.
+measure_send_lat_events() {
+    run_pair late $((PORT_BASE + 7)) ib_send_lat -C -e -n "$LAT_ITERS" || return 1
+    local mhz typ
+    mhz="$(cpu_mhz)"
+    typ="$(result_field late t_typical 5)"
+    [[ -n "$mhz" && -n "$typ" ]] || return 1
+    LAT_EV_TYP_US="$(awk -v c="$typ" -v m="$mhz" 'BEGIN { printf "%.2f", c / m }')"
+    echo "$DEV ib_send_lat -e 2 B x $LAT_ITERS: t_typical $LAT_EV_TYP_US usec (perftest cycles / $mhz MHz)"
+}
+
 # measure_read_bw NAME PORT BYTES ITERS: sets BW (perftest's "BW average", MB/sec) and BW_WALL (MiB/s
 # over the client's whole run, connection setup included: a lower bound that needs no clock sampling).
 # perftest's BW also depends on its sampled CPU frequency; when the sampling fails it reports 0.00,
@@ -146,11 +158,13 @@ main() {
     echo "== perftest on $DEV ($CONN_DESC), loopback to $SERVER_IP"
 
     measure_send_lat || fail "ib_send_lat gave no usable figures"
+    measure_send_lat_events || fail "ib_send_lat -e gave no usable figures"
     measure_read_bw bw1m $((PORT_BASE + 1)) 1048576 "$BW_1MIB_ITERS" || fail "ib_read_bw 1 MiB failed"
     local bw1m="$BW" bw1m_wall="$BW_WALL"
     measure_read_bw bw16m $((PORT_BASE + 2)) 16777216 "$BW_16MIB_ITERS" || fail "ib_read_bw 16 MiB failed"
 
     echo "PERFTEST dev=$DEV send_lat_typical_us=$LAT_TYP_US send_lat_avg_us=$LAT_AVG_US" \
+        "send_lat_event_typical_us=$LAT_EV_TYP_US" \
         "read_bw_1MiB_MBps=$bw1m read_bw_16MiB_MBps=$BW" \
         "read_bw_1MiB_wall_MiBps=$bw1m_wall read_bw_16MiB_wall_MiBps=$BW_WALL" \
         "(took $((SECONDS - started)) s in the VM)"

@@ -10,7 +10,8 @@
 #     `cargo build --release` of the kv example and rpc-bench with the rdma features;
 #  3. in the VM, for rxe0 and then siw0 (rxe0 is deleted first: rdma_cm binds 10.0.2.15 to the first
 #     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15: each test
-#     binary with `--ignored --test-threads 2`, `kv demo` over rdma://, rpc-bench (echo 32 B, download
+#     binary with `--ignored --test-threads 2`, `kv demo` over rdma://, rpc-bench (echo 32 B event-driven
+#     and busy-polling, download
 #     and upload 1 MiB and 16 MiB, a few seconds per point) and scripts/vm/perftest.sh <dev>;
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest (with ratios).
@@ -19,7 +20,8 @@
 #   --timeout SECS  bound on the whole run (setup, builds, VM); default 1800 or $RPC_RDMA_SUITE_TIMEOUT.
 #                   The VM gets what is left after setup and builds (warm: ~270 s of VM time needed).
 # Environment: RPC_RDMA_SUITE_STEP_TIMEOUT (seconds per step in the VM, default 400),
-#   RPC_RDMA_SUITE_BENCH_SECS (seconds per bench point, default 3), RPC_VM_CACHE (see common.sh).
+#   RPC_RDMA_SUITE_BENCH_SECS (seconds per bench point, default 3), RPC_RDMA_SUITE_BUSY_POLL_US (the
+#   busy-poll window of the second 32 B echo run, default 2000), RPC_VM_CACHE (see common.sh).
 #
 # Exit status: 0 if every test binary passed and ran > 0 tests, the demo and every bench run succeeded
 # on both devices; 1 if anything failed, was not run, or the VM timed out; 78 if this machine cannot run
@@ -50,6 +52,7 @@ usage() {
 
 STEP_TIMEOUT="${RPC_RDMA_SUITE_STEP_TIMEOUT:-400}"
 BENCH_SECS="${RPC_RDMA_SUITE_BENCH_SECS:-3}"
+BUSY_POLL_US="${RPC_RDMA_SUITE_BUSY_POLL_US:-2000}"
 
 # record DEV KIND NAME STATUS PASSED FAILED DETAIL: one line of results.tsv (read by the host).
 record() {
@@ -104,11 +107,12 @@ run_demo() {
     echo "[$dev] kv demo: $(status_word "$STEP_STATUS") in ${STEP_SECS} s: $(tail -n 1 "$log")"
 }
 
-# run_bench DEV NAME WORKLOAD SIZES: one rpc-bench run, its CSV in $SUITE_DIR/DEV/bench/NAME.csv.
+# run_bench DEV NAME WORKLOAD SIZES [ARGS...]: one rpc-bench run, its CSV in $SUITE_DIR/DEV/bench/NAME.csv.
 run_bench() {
     local dev="$1" name="$2" workload="$3" sizes="$4" log="$SUITE_DIR/$1/bench-$2.log"
+    shift 4
     run_step "$log" "$BENCH_BIN" run --listen "rdma://$GUEST_IP:0" --workload "$workload" --sizes "$sizes" \
-        --duration "$BENCH_SECS" --out "$SUITE_DIR/$dev/bench" --name "$name" --no-plots
+        --duration "$BENCH_SECS" --out "$SUITE_DIR/$dev/bench" --name "$name" --no-plots "$@"
     record "$dev" bench "$name" "$STEP_STATUS" - - "$workload $sizes"
     echo "[$dev] rpc-bench $workload $sizes: $(status_word "$STEP_STATUS") in ${STEP_SECS} s"
     grep -a -A4 '^# rpc-core over rdma' "$log" | grep -aE '^ +[0-9]' || true
@@ -161,6 +165,7 @@ in_vm() {
         done
         run_demo "$dev"
         run_bench "$dev" echo echo 32
+        run_bench "$dev" echo-busy echo 32 --busy-poll-us "$BUSY_POLL_US"
         run_bench "$dev" download download 1M,16M
         run_bench "$dev" upload upload 1M,16M
         run_perftest "$dev"
@@ -298,32 +303,39 @@ pool_lines() {
 
 bench_table() {
     local dev="$1" bench="$SUITE_DIR/$1/bench"
-    local p50 lat bw1 bw16 w s gbps mibps ref
-    p50="$(csv_field "$bench/echo.csv" p50_us echo 32)"
-    lat="$(perftest_field "$dev" send_lat_typical_us)"
+    local p50 lat bw1 bw16 w s gbps mibps ref mode csv key tool
     bw1="$(perftest_field "$dev" read_bw_1MiB_MBps)"
     bw16="$(perftest_field "$dev" read_bw_16MiB_MBps)"
     echo "  bench (rpc-bench, release, 1 conn x 1 outstanding, ${BENCH_SECS} s/point) vs perftest, same boot:"
-    printf '    %-18s %12s   %-36s %s\n' point ours perftest ratio
-    if [[ -n "$p50" ]]; then
-        ref="$(awk -v l="$lat" 'BEGIN { if (l > 0) printf "%.2f", 2 * l }')"
-        printf '    %-18s %9.1f us   %-36s %s\n' "echo 32 B p50 RTT" "$p50" \
-            "2 x ib_send_lat t_typical ${ref:-?} us" \
-            "$(awk -v a="$p50" -v b="$ref" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "?" }')"
-    else
-        printf '    %-18s %12s\n' "echo 32 B p50 RTT" "missing"
-    fi
+    printf '    %-36s %12s   %-40s %s\n' point ours perftest ratio
+    for mode in busy-poll event-driven; do
+        if [[ "$mode" == busy-poll ]]; then
+            csv=echo-busy.csv key=send_lat_typical_us tool="ib_send_lat"
+        else
+            csv=echo.csv key=send_lat_event_typical_us tool="ib_send_lat -e"
+        fi
+        p50="$(csv_field "$bench/$csv" p50_us echo 32)"
+        lat="$(perftest_field "$dev" "$key")"
+        if [[ -n "$p50" ]]; then
+            ref="$(awk -v l="$lat" 'BEGIN { if (l > 0) printf "%.2f", 2 * l }')"
+            printf '    %-36s %9.1f us   %-40s %s\n' "echo 32 B p50 RTT ($mode)" "$p50" \
+                "2 x $tool t_typical ${ref:-?} us" \
+                "$(awk -v a="$p50" -v b="$ref" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "?" }')"
+        else
+            printf '    %-36s %12s\n' "echo 32 B p50 RTT ($mode)" "missing"
+        fi
+    done
     for w in download upload; do
         for s in 1048576 16777216; do
             gbps="$(csv_field "$bench/$w.csv" gb_per_sec "$w" "$s")"
             ref="$bw1"
             ((s == 16777216)) && ref="$bw16"
             if [[ -z "$gbps" ]]; then
-                printf '    %-18s %12s\n' "$w $((s >> 20)) MiB" missing
+                printf '    %-36s %12s\n' "$w $((s >> 20)) MiB" missing
                 continue
             fi
             mibps="$(awk -v g="$gbps" 'BEGIN { printf "%.1f", g * 1e9 / 1048576 }')"
-            printf '    %-18s %7s MiB/s   %-36s %s\n' "$w $((s >> 20)) MiB" "$mibps" \
+            printf '    %-36s %7s MiB/s   %-40s %s\n' "$w $((s >> 20)) MiB" "$mibps" \
                 "ib_read_bw $((s >> 20)) MiB ${ref:-?} MB/s" \
                 "$(awk -v a="$mibps" -v b="$ref" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "?" }')"
         done
@@ -359,7 +371,7 @@ summarize() {
                 printf '  %-14s %s\n' "$name" "$detail"
             fi
         done
-        for steps in demo:kv-demo bench:echo bench:download bench:upload perftest:perftest; do
+        for steps in demo:kv-demo bench:echo bench:echo-busy bench:download bench:upload perftest:perftest; do
             r="$(result_of "$dev" "${steps%%:*}" "${steps#*:}")"
             status="$(cut -f4 <<<"$r")"
             if [[ -z "$r" ]]; then
