@@ -35,7 +35,9 @@
 //!
 //! * [`mem`]: in-process fabric with fault injection, for tests and docs.
 //! * [`tcp`]: for hosts without RDMA NICs. SEND is a framed message; READ is served by the peer's
-//!   transport from its registered regions after checking key, bounds and registration.
+//!   transport from its registered regions after checking key, bounds and registration, or from
+//!   the region's bytes the peer pushed at registration, within a window the reader announced
+//!   ([`ConnParams::tcp_push_window`]).
 //! * `rdma` (cargo feature `rdma`): verbs through `sideway`.
 //!
 //! Addresses name a backend: `mem://name`, `tcp://127.0.0.1:7000`, `rdma://10.0.2.15:7471`.
@@ -131,6 +133,17 @@ pub struct ConnParams {
     /// timeout off. (Liveness of a peer whose host is up but whose process hangs is the
     /// protocol's keepalive's job.)
     pub tcp_keepalive: Option<std::time::Duration>,
+    /// tcp only: how many bytes of pushed regions this side accepts to hold at once, announced
+    /// to the peer in the hello. When the peer registers a region whose whole length fits the
+    /// window it has left, its transport sends the bytes right away, ahead of the frame that
+    /// advertises the region, and our READ of exactly that region completes from them without a
+    /// round trip (see the `tcp` module). Bytes come back to the window when read or when the
+    /// peer revokes the region; a peer that pushes beyond the window fails the connection as
+    /// `Malformed`. Default 32 MiB (a 16 MiB payload with its encoding fits). Memory cost: up to
+    /// this many bytes per connection, held by the transport for regions the peer registered and
+    /// we have not read yet, on top of what the protocol above budgets for its READs. 0 disables
+    /// pushing to this side (every READ then goes to the peer).
+    pub tcp_push_window: u64,
 }
 
 impl Default for ConnParams {
@@ -142,6 +155,7 @@ impl Default for ConnParams {
             handshake_timeout: std::time::Duration::from_secs(5),
             max_pending_handshakes: 64,
             tcp_keepalive: Some(std::time::Duration::from_secs(10)),
+            tcp_push_window: 32 << 20,
         }
     }
 }
@@ -284,6 +298,13 @@ pub struct TransportCounters {
     pub regions_registered: u64,
     /// Regions deregistered (keys revoked).
     pub regions_revoked: u64,
+    /// Regions whose bytes this side pushed to the peer at registration (tcp only).
+    pub regions_pushed: u64,
+    /// Bytes this side pushed to the peer (tcp only).
+    pub bytes_pushed: u64,
+    /// READs this side issued that completed from bytes the peer had pushed, without a request
+    /// to the peer (tcp only; also counted in `reads_issued` and `bytes_read`).
+    pub reads_served_from_push: u64,
 }
 
 impl TransportCounters {
@@ -300,6 +321,9 @@ impl TransportCounters {
         out.reads_refused += other.reads_refused;
         out.regions_registered += other.regions_registered;
         out.regions_revoked += other.regions_revoked;
+        out.regions_pushed += other.regions_pushed;
+        out.bytes_pushed += other.bytes_pushed;
+        out.reads_served_from_push += other.reads_served_from_push;
         out
     }
 }

@@ -54,13 +54,19 @@ fn reader_harness_survives_a_read_request_flood() {
 
 #[test]
 fn wire_wrappers_round_trip() {
-    let hello = tcp_encode_hello(8, 4096, b"pd");
+    let hello = tcp_encode_hello(8, 4096, 77, b"pd");
     let fixed: [u8; TCP_HELLO_FIXED] = hello[..TCP_HELLO_FIXED].try_into().expect("fixed part");
-    assert_eq!(tcp_decode_hello(&fixed), Ok(TcpHello { recv_depth: 8, recv_size: 4096, private_len: 2 }));
+    assert_eq!(
+        tcp_decode_hello(&fixed),
+        Ok(TcpHello { recv_depth: 8, recv_size: 4096, push_window: 77, private_len: 2 })
+    );
     for f in [
         TcpFrame::Send { len: 9 },
         TcpFrame::ReadReq { id: 1, addr: 2, len: 3, rkey: 4 },
         TcpFrame::ReadResp { id: 5, status: 6, len: 7 },
+        TcpFrame::Push { rkey: 8, addr: 9, len: 10 },
+        TcpFrame::Revoke { rkey: 11 },
+        TcpFrame::Window { bytes: 12 },
     ] {
         let enc = f.encode();
         assert_eq!(TcpFrame::header_len(enc[0]), Some(enc.len() - 1));

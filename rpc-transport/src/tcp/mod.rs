@@ -16,14 +16,23 @@
 //! ([`crate::ConnParams::handshake_timeout`]), and every stream gets `SO_KEEPALIVE`
 //! ([`crate::ConnParams::tcp_keepalive`]).
 //!
+//! Push (see `push.rs`): a region registered on a connection whose peer announced a push
+//! window ([`crate::ConnParams::tcp_push_window`]) is sent to the peer at once if its whole
+//! length fits what is left of that window, ahead of the frame that advertises it; the peer's
+//! READ of exactly that region then completes from those bytes, with no round trip. Keys and
+//! bounds keep their meaning: any other READ goes to the owner, and a revoked region's pushed
+//! bytes are dropped by the peer (REVOKE frame). The peer hands the window back as it consumes
+//! or drops pushed bytes.
+//!
 //! Any framing violation by the peer (unknown frame type, oversized SEND, unsolicited or
-//! mis-sized READ response, truncated frame) fails the connection with
+//! mis-sized READ response, truncated frame, a PUSH beyond the window we granted) fails the connection with
 //! [`TransportError::Malformed`]: pending operations are flushed and the socket is closed.
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fuzzing;
 mod handshake;
 mod listener;
+mod push;
 mod reader;
 mod wire;
 mod writer;
@@ -44,6 +53,7 @@ use crate::{
     TransportError, WrId,
 };
 use handshake::PeerHello;
+use push::{Lookup, Push};
 use writer::Outgoing;
 
 pub use listener::listen;
@@ -65,7 +75,7 @@ pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Con
         .map_err(connect_error)?;
     configure(&stream, &params)?;
     let (soft, hello) = handshake::client(&mut stream, &params).await?;
-    Ok(Box::new(TcpConnection::start(stream, soft, params.recv_size, hello, addr)))
+    Ok(Box::new(TcpConnection::start(stream, soft, &params, hello, addr)))
 }
 
 /// The accepting side of the handshake on a fresh stream (see `handshake.rs`): the peer's hello
@@ -77,7 +87,7 @@ async fn accept_stream(
 ) -> Result<TcpConnection, TransportError> {
     configure(&stream, params)?;
     let (soft, hello) = handshake::server(&mut stream, params).await?;
-    Ok(TcpConnection::start(stream, soft, params.recv_size, hello, peer))
+    Ok(TcpConnection::start(stream, soft, params, hello, peer))
 }
 
 /// Socket options of every connection: no Nagle delay, and `SO_KEEPALIVE` as configured.
@@ -124,6 +134,7 @@ fn dead_after(idle: Duration) -> Duration {
 #[derive(Debug)]
 struct TcpConnection {
     soft: Arc<Soft>,
+    push: Arc<Push>,
     out: mpsc::UnboundedSender<Outgoing>,
     info: ConnInfo,
 }
@@ -131,15 +142,18 @@ struct TcpConnection {
 impl TcpConnection {
     /// Spawns the reader and writer tasks. They stop as soon as the endpoint dies, whoever
     /// kills it (a task, `close`, or drop); the socket is then closed.
-    fn start(stream: TcpStream, soft: Arc<Soft>, recv_size: u32, hello: PeerHello, peer: SocketAddr) -> Self {
+    fn start(stream: TcpStream, soft: Arc<Soft>, ours: &ConnParams, hello: PeerHello, peer: SocketAddr) -> Self {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let push = Arc::new(Push::new(ours.tcp_push_window, hello.push_window));
+        let dead_push = push.clone();
         soft.set_on_death(move |_| {
+            dead_push.close();
             stop_tx.send_replace(true);
         });
         let (out, out_rx) = mpsc::unbounded_channel();
         let (read_half, write_half) = stream.into_split();
 
-        let mut reader = reader::Reader::new(soft.clone(), out.clone(), recv_size);
+        let mut reader = reader::Reader::new(soft.clone(), out.clone(), ours.recv_size, push.clone());
         let (reader_soft, mut stop) = (soft.clone(), stop_rx.clone());
         tokio::spawn(async move {
             let mut r = BufReader::with_capacity(IO_BUFFER, read_half);
@@ -168,7 +182,7 @@ impl TcpConnection {
             peer: peer.to_string(),
             backend: "tcp",
         };
-        TcpConnection { soft, out, info }
+        TcpConnection { soft, push, out, info }
     }
 
     /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the
@@ -198,18 +212,41 @@ impl Connection for TcpConnection {
     }
 
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
-        Ok(self.soft.register(data))
+        let desc = self.soft.register(data.clone());
+        if self.push.start_push(&desc) {
+            self.soft.count(|c| {
+                c.regions_pushed += 1;
+                c.bytes_pushed += desc.len;
+            });
+            self.queue(Outgoing::Push { desc, data });
+        }
+        Ok(desc)
     }
 
     fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
-        self.soft.deregister(rkey)
+        self.soft.deregister(rkey)?;
+        if self.push.forget_pushed(rkey) {
+            self.queue(Outgoing::Revoke { rkey });
+        }
+        Ok(())
     }
 
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
         self.info.check_read(&remote, dst.len())?;
-        let id = self.soft.begin_read(wr_id, remote, dst)?;
-        self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });
-        Ok(())
+        match self.push.lookup(&remote) {
+            Lookup::Pushed { data, window } => {
+                self.queue(Outgoing::Window { bytes: window });
+                self.soft.read_at_once(wr_id, remote, push::into_destination(dst, data))
+            }
+            Lookup::Remote { window } => {
+                if window > 0 {
+                    self.queue(Outgoing::Window { bytes: window });
+                }
+                let id = self.soft.begin_read(wr_id, remote, dst).inspect_err(|_| self.push.read_done(remote.rkey))?;
+                self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });
+                Ok(())
+            }
+        }
     }
 
     fn poll_completions(

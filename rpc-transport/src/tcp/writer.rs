@@ -8,6 +8,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::wire;
 use crate::soft::{Death, OpId, Soft};
+use crate::{RKey, RegionDesc};
 
 /// A frame waiting for the writer.
 #[derive(Debug)]
@@ -19,6 +20,12 @@ pub(crate) enum Outgoing {
     /// The answer to the peer's READ: the region's bytes, or a refusal status. The permit is
     /// released once the response is written.
     ReadResp { id: u64, result: Result<Bytes, u8>, permit: OwnedSemaphorePermit },
+    /// A registered region's bytes, pushed to the peer ahead of its advertisement.
+    Push { desc: RegionDesc, data: Bytes },
+    /// A pushed region was revoked: the peer drops its bytes if unread.
+    Revoke { rkey: RKey },
+    /// Pushed bytes of the peer's were consumed or dropped: its window back.
+    Window { bytes: u64 },
     /// Everything queued before this is written and flushed, then the endpoint dies with `death`
     /// (after a refused READ: its refusal reaches the peer before the connection closes).
     Close { death: Death },
@@ -99,6 +106,12 @@ async fn write_frame<W: AsyncWrite + Unpin>(
             w.write_all(&wire::encode_read_resp(id, status, 0)).await?;
             drop(permit);
         }
+        Outgoing::Push { desc, data } => {
+            w.write_all(&wire::encode_push(desc.rkey, desc.addr, desc.len)).await?;
+            w.write_all(&data).await?;
+        }
+        Outgoing::Revoke { rkey } => w.write_all(&wire::encode_revoke(rkey)).await?,
+        Outgoing::Window { bytes } => w.write_all(&wire::encode_window(bytes)).await?,
         // Handled by `write_batch`.
         Outgoing::Close { .. } => {}
     }

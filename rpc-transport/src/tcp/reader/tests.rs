@@ -4,6 +4,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
+use crate::tcp::push::Push;
 use crate::tcp::wire;
 use crate::{Completion, ConnParams, RegionDesc, TransportError};
 
@@ -16,7 +17,7 @@ struct Harness {
 fn harness(recv_depth: u32, recv_size: u32) -> Harness {
     let soft = Soft::new(&ConnParams { recv_depth, recv_size, ..ConnParams::default() });
     let (out, responses) = mpsc::unbounded_channel();
-    let mut reader = Reader::new(soft.clone(), out, recv_size);
+    let mut reader = Reader::new(soft.clone(), out, recv_size, Arc::new(Push::new(0, 0)));
     reader.close_grace = std::time::Duration::ZERO;
     Harness { reader, soft, responses }
 }

@@ -1,0 +1,323 @@
+//! Pushed regions: the tcp backend's shortcut for a READ it would otherwise emulate with a round
+//! trip (wire frames PUSH, REVOKE and WINDOW; see `wire.rs`).
+//!
+//! **Owner side.** When a region is registered and its whole length fits the window the peer
+//! has left, its bytes go to the peer at once, ahead of whatever frame advertises the region (the
+//! stream is ordered, so they arrive first). The region stays registered exactly as before: the
+//! peer may still READ it, and revoking it sends REVOKE so that the peer drops unread bytes.
+//!
+//! **Reader side.** Pushed bytes are kept by key, within the window we announced. A READ is
+//! served from them when it is the first READ of that key since they arrived and covers exactly
+//! the pushed region (key, address and length); it then completes at once, with no request to
+//! the owner. Any other READ goes to the owner, which checks key and bounds as always, and drops
+//! the pushed bytes of that key: after the first READ of a key, every READ of it is checked by
+//! the owner, so a READ posted after the owner's REVOKE arrived is refused and closes the
+//! connection exactly as without push. Bytes of a key that arrive while a READ of it is in
+//! flight to the owner are dropped on arrival (the owner pushed them before it served that
+//! READ). Window is handed back (WINDOW) as soon as pushed bytes are consumed or dropped.
+//!
+//! Memory: at most the window we announced is held for the peer, plus, between a push and its
+//! READ, nothing else; the owner side holds nothing more than its registered regions (a push
+//! shares the region's `Bytes`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::{RKey, RegionDesc};
+
+/// The push state of one connection, shared by the connection object and its reader task.
+#[derive(Debug)]
+pub(crate) struct Push {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The connection died: nothing is pushed or kept any more.
+    closed: bool,
+    outbound: Outbound,
+    inbound: Inbound,
+}
+
+/// What we push to the peer.
+#[derive(Debug)]
+struct Outbound {
+    /// The window the peer announced.
+    granted: u64,
+    /// What is left of it: `granted` minus bytes pushed and not yet handed back.
+    left: u64,
+    /// Keys of our registered regions that were pushed (their revocation is sent to the peer).
+    pushed: HashSet<RKey>,
+}
+
+/// What the peer pushed to us.
+#[derive(Debug)]
+struct Inbound {
+    /// The window we announced.
+    window: u64,
+    /// Bytes accepted (arrived or arriving) and not yet handed back.
+    held: u64,
+    regions: HashMap<RKey, Pushed>,
+    /// READs of each key in flight to the owner (bytes of such a key are dropped on arrival).
+    reading: HashMap<RKey, u32>,
+}
+
+#[derive(Debug)]
+struct Pushed {
+    addr: u64,
+    data: Vec<u8>,
+}
+
+/// How a READ is to be carried out.
+#[derive(Debug)]
+pub(crate) enum Lookup {
+    /// Completed from pushed bytes: hand `window` bytes back to the peer.
+    Pushed { data: Vec<u8>, window: u64 },
+    /// Sent to the owner; `window` bytes (pushed bytes of that key, dropped) go back to the
+    /// peer, if any.
+    Remote { window: u64 },
+}
+
+/// The READ destination, filled from pushed bytes: the pushed buffer itself, so nothing is
+/// copied; the caller's destination is dropped. The one place that knows both buffer types.
+pub(crate) fn into_destination(dst: Vec<u8>, pushed: Vec<u8>) -> Vec<u8> {
+    debug_assert_eq!(dst.len(), pushed.len());
+    drop(dst);
+    pushed
+}
+
+impl Push {
+    /// `ours`: the window we announced; `theirs`: the window the peer announced.
+    pub(crate) fn new(ours: u64, theirs: u64) -> Push {
+        Push {
+            state: Mutex::new(State {
+                closed: false,
+                outbound: Outbound { granted: theirs, left: theirs, pushed: HashSet::new() },
+                inbound: Inbound { window: ours, held: 0, regions: HashMap::new(), reading: HashMap::new() },
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update below leaves the state consistent before anything can panic.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The connection died: drops every pushed byte and pushes nothing more.
+    pub(crate) fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        st.inbound.regions.clear();
+        st.inbound.reading.clear();
+        st.inbound.held = 0;
+        st.outbound.pushed.clear();
+    }
+
+    // ---- owner side ----
+
+    /// Whether to push the region just registered: only when its whole length fits the window
+    /// the peer has left (which it then takes).
+    pub(crate) fn start_push(&self, desc: &RegionDesc) -> bool {
+        let mut st = self.lock();
+        if st.closed || st.outbound.granted == 0 || desc.len > st.outbound.left {
+            return false;
+        }
+        st.outbound.left -= desc.len;
+        st.outbound.pushed.insert(desc.rkey);
+        true
+    }
+
+    /// The region `rkey` was revoked: whether it had been pushed (the peer must be told).
+    pub(crate) fn forget_pushed(&self, rkey: RKey) -> bool {
+        self.lock().outbound.pushed.remove(&rkey)
+    }
+
+    /// The peer handed `bytes` of its window back; more than we pushed is a violation.
+    pub(crate) fn window_back(&self, bytes: u64) -> Result<(), String> {
+        let mut st = self.lock();
+        let out = &mut st.outbound;
+        match out.left.checked_add(bytes) {
+            Some(left) if left <= out.granted => {
+                out.left = left;
+                Ok(())
+            }
+            _ => Err(format!(
+                "peer handed back {bytes} bytes of push window with {} of {} not pushed",
+                out.left, out.granted
+            )),
+        }
+    }
+
+    /// Window the peer has left for our pushes.
+    #[cfg(test)]
+    pub(crate) fn window_left(&self) -> u64 {
+        self.lock().outbound.left
+    }
+
+    // ---- reader side ----
+
+    /// A PUSH header arrived: `len` bytes of key `rkey` follow. Takes them from our window;
+    /// `Err` (a violation) if they do not fit what is left or the key is held already.
+    pub(crate) fn accept(&self, rkey: RKey, len: u64) -> Result<(), String> {
+        let mut st = self.lock();
+        let inb = &mut st.inbound;
+        let left = inb.window - inb.held;
+        if len > left {
+            return Err(format!(
+                "peer pushed {len} bytes with {left} bytes of the {} byte push window left",
+                inb.window
+            ));
+        }
+        if inb.regions.contains_key(&rkey) {
+            return Err(format!("peer pushed key {rkey:#x} twice"));
+        }
+        inb.held += len;
+        Ok(())
+    }
+
+    /// The bytes of a PUSH accepted with [`Push::accept`] have arrived. Returns the bytes to
+    /// hand back at once, if they are not kept (a READ of that key is in flight to the owner,
+    /// or the connection died).
+    pub(crate) fn arrived(&self, rkey: RKey, addr: u64, data: Vec<u8>) -> Option<u64> {
+        let mut st = self.lock();
+        if st.closed {
+            return None;
+        }
+        let inb = &mut st.inbound;
+        if inb.reading.contains_key(&rkey) {
+            let len = data.len() as u64;
+            inb.held -= len;
+            return Some(len);
+        }
+        inb.regions.insert(rkey, Pushed { addr, data });
+        None
+    }
+
+    /// The owner revoked `rkey`: its pushed bytes, if still here, are dropped. Returns the
+    /// bytes to hand back.
+    pub(crate) fn revoked(&self, rkey: RKey) -> Option<u64> {
+        let mut st = self.lock();
+        let inb = &mut st.inbound;
+        let gone = inb.regions.remove(&rkey)?;
+        let len = gone.data.len() as u64;
+        inb.held -= len;
+        Some(len)
+    }
+
+    /// How our READ of `remote` is carried out (see the module doc). A READ sent to the owner
+    /// must be reported with [`Push::read_done`] when its response arrives.
+    pub(crate) fn lookup(&self, remote: &RegionDesc) -> Lookup {
+        let mut st = self.lock();
+        if st.closed {
+            return Lookup::Remote { window: 0 };
+        }
+        let inb = &mut st.inbound;
+        let mut window = 0;
+        if let Some(pushed) = inb.regions.remove(&remote.rkey) {
+            let len = pushed.data.len() as u64;
+            inb.held -= len;
+            if pushed.addr == remote.addr && len == remote.len {
+                return Lookup::Pushed { data: pushed.data, window: len };
+            }
+            window = len;
+        }
+        *inb.reading.entry(remote.rkey).or_insert(0) += 1;
+        Lookup::Remote { window }
+    }
+
+    /// A READ of `rkey` sent to the owner was answered (or never left).
+    pub(crate) fn read_done(&self, rkey: RKey) {
+        let mut st = self.lock();
+        if let Some(n) = st.inbound.reading.get_mut(&rkey) {
+            *n -= 1;
+            if *n == 0 {
+                st.inbound.reading.remove(&rkey);
+            }
+        }
+    }
+
+    /// Pushed bytes held now.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn held(&self) -> u64 {
+        self.lock().inbound.held
+    }
+
+    /// Pushed regions held now.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn regions_held(&self) -> usize {
+        self.lock().inbound.regions.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(rkey: RKey, addr: u64, len: u64) -> RegionDesc {
+        RegionDesc { addr, len, rkey }
+    }
+
+    #[test]
+    fn owner_pushes_only_what_fits_and_gets_it_back() {
+        let p = Push::new(0, 100);
+        assert!(p.start_push(&desc(1, 0, 60)));
+        assert!(!p.start_push(&desc(2, 0, 41)), "does not fit the 40 left");
+        assert!(p.start_push(&desc(3, 0, 40)));
+        assert_eq!(p.window_left(), 0);
+        assert!(p.forget_pushed(1));
+        assert!(!p.forget_pushed(2), "never pushed");
+        p.window_back(60).unwrap();
+        assert!(p.window_back(41).is_err(), "more than was pushed");
+        p.window_back(40).unwrap();
+        assert_eq!(p.window_left(), 100);
+        let off = Push::new(0, 0);
+        assert!(!off.start_push(&desc(1, 0, 0)), "a zero window means no push at all");
+    }
+
+    #[test]
+    fn reader_serves_the_first_exact_read_only() {
+        let p = Push::new(100, 0);
+        p.accept(7, 4).unwrap();
+        assert_eq!(p.arrived(7, 0x10, b"abcd".to_vec()), None);
+        assert!(p.accept(7, 1).is_err(), "a key held is pushed again");
+        assert!(matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Pushed { ref data, window: 4 } if data == b"abcd"));
+        assert_eq!(p.held(), 0);
+        // A second READ of the key goes to the owner.
+        assert!(matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Remote { window: 0 }));
+        p.read_done(7);
+
+        // A READ of part of a pushed region goes to the owner and drops the pushed bytes.
+        p.accept(8, 4).unwrap();
+        p.arrived(8, 0x20, b"wxyz".to_vec());
+        assert!(matches!(p.lookup(&desc(8, 0x21, 2)), Lookup::Remote { window: 4 }));
+        assert_eq!((p.held(), p.regions_held()), (0, 0));
+    }
+
+    #[test]
+    fn bytes_arriving_while_their_key_is_read_remotely_are_dropped() {
+        let p = Push::new(100, 0);
+        assert!(matches!(p.lookup(&desc(3, 0, 5)), Lookup::Remote { window: 0 }));
+        p.accept(3, 5).unwrap();
+        assert_eq!(p.arrived(3, 0, vec![0; 5]), Some(5));
+        assert_eq!((p.held(), p.regions_held()), (0, 0));
+        p.read_done(3);
+        p.accept(3, 5).unwrap();
+        assert_eq!(p.arrived(3, 0, vec![0; 5]), None, "kept once no READ of the key is in flight");
+        assert_eq!(p.revoked(3), Some(5));
+        assert_eq!(p.revoked(3), None);
+        assert_eq!(p.held(), 0);
+    }
+
+    #[test]
+    fn reader_window_is_enforced_and_closing_drops_everything() {
+        let p = Push::new(10, 0);
+        p.accept(1, 6).unwrap();
+        assert!(p.accept(2, 5).is_err(), "beyond the window");
+        p.accept(2, 4).unwrap();
+        p.arrived(1, 0, vec![0; 6]);
+        p.close();
+        assert_eq!(p.arrived(2, 0, vec![0; 4]), None);
+        assert_eq!((p.held(), p.regions_held()), (0, 0));
+        assert!(matches!(p.lookup(&desc(1, 0, 6)), Lookup::Remote { window: 0 }));
+    }
+}
