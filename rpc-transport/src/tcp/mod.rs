@@ -67,6 +67,11 @@ const IO_BUFFER: usize = 64 * 1024;
 /// the hello exchange are each bounded by [`ConnParams::handshake_timeout`] (a listener with
 /// every handshake slot taken leaves us in its backlog, unanswered, until then).
 pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Connection>, TransportError> {
+    Ok(Box::new(connect_stream(addr, params).await?))
+}
+
+/// [`connect`], unboxed.
+async fn connect_stream(addr: SocketAddr, params: ConnParams) -> Result<TcpConnection, TransportError> {
     validate_params(&params)?;
     let connect_error = |source| TransportError::Connect { addr: addr.to_string(), source };
     let mut stream = tokio::time::timeout(params.handshake_timeout, TcpStream::connect(addr))
@@ -75,7 +80,7 @@ pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Con
         .map_err(connect_error)?;
     configure(&stream, &params)?;
     let (soft, hello) = handshake::client(&mut stream, &params).await?;
-    Ok(Box::new(TcpConnection::start(stream, soft, &params, hello, addr)))
+    Ok(TcpConnection::start(stream, soft, &params, hello, addr))
 }
 
 /// The accepting side of the handshake on a fresh stream (see `handshake.rs`): the peer's hello
@@ -236,7 +241,9 @@ impl Connection for TcpConnection {
         match self.push.lookup(&remote) {
             Lookup::Pushed { data, window } => {
                 self.queue(Outgoing::Window { bytes: window });
-                self.soft.read_at_once(wr_id, remote, push::into_destination(dst, data))
+                let (filled, spare) = push::into_destination(dst, data);
+                self.push.keep_spare(spare);
+                self.soft.read_at_once(wr_id, remote, filled)
             }
             Lookup::Remote { window } => {
                 if window > 0 {
@@ -273,5 +280,7 @@ impl Drop for TcpConnection {
     }
 }
 
+#[cfg(test)]
+mod push_tests;
 #[cfg(test)]
 mod tests;

@@ -16,9 +16,12 @@
 //! flight to the owner are dropped on arrival (the owner pushed them before it served that
 //! READ). Window is handed back (WINDOW) as soon as pushed bytes are consumed or dropped.
 //!
-//! Memory: at most the window we announced is held for the peer, plus, between a push and its
-//! READ, nothing else; the owner side holds nothing more than its registered regions (a push
-//! shares the region's `Bytes`).
+//! Memory: at most the window we announced is held for the peer, plus one idle buffer (at most
+//! the window) kept for the next push: a READ served from pushed bytes hands the pushed buffer
+//! to the caller and keeps the caller's destination, which the protocol above takes from its
+//! buffer cache already faulted in, so a steady stream of pushes reuses the same pages instead
+//! of faulting in fresh ones for every region. The owner side holds nothing more than its
+//! registered regions (a push shares the region's `Bytes`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
@@ -58,6 +61,8 @@ struct Inbound {
     /// Bytes accepted (arrived or arriving) and not yet handed back.
     held: u64,
     regions: HashMap<RKey, Pushed>,
+    /// A buffer for the next push (a READ destination we got in exchange for pushed bytes).
+    spare: Option<Vec<u8>>,
     /// READs of each key in flight to the owner (bytes of such a key are dropped on arrival).
     reading: HashMap<RKey, u32>,
 }
@@ -79,11 +84,11 @@ pub(crate) enum Lookup {
 }
 
 /// The READ destination, filled from pushed bytes: the pushed buffer itself, so nothing is
-/// copied; the caller's destination is dropped. The one place that knows both buffer types.
-pub(crate) fn into_destination(dst: Vec<u8>, pushed: Vec<u8>) -> Vec<u8> {
+/// copied; the caller's destination comes back as a spare for a later push. The one place that
+/// knows both buffer types.
+pub(crate) fn into_destination(dst: Vec<u8>, pushed: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
     debug_assert_eq!(dst.len(), pushed.len());
-    drop(dst);
-    pushed
+    (pushed, dst)
 }
 
 impl Push {
@@ -93,7 +98,13 @@ impl Push {
             state: Mutex::new(State {
                 closed: false,
                 outbound: Outbound { granted: theirs, left: theirs, pushed: HashSet::new() },
-                inbound: Inbound { window: ours, held: 0, regions: HashMap::new(), reading: HashMap::new() },
+                inbound: Inbound {
+                    window: ours,
+                    held: 0,
+                    regions: HashMap::new(),
+                    spare: None,
+                    reading: HashMap::new(),
+                },
             }),
         }
     }
@@ -108,6 +119,7 @@ impl Push {
         let mut st = self.lock();
         st.closed = true;
         st.inbound.regions.clear();
+        st.inbound.spare = None;
         st.inbound.reading.clear();
         st.inbound.held = 0;
         st.outbound.pushed.clear();
@@ -156,9 +168,10 @@ impl Push {
 
     // ---- reader side ----
 
-    /// A PUSH header arrived: `len` bytes of key `rkey` follow. Takes them from our window;
-    /// `Err` (a violation) if they do not fit what is left or the key is held already.
-    pub(crate) fn accept(&self, rkey: RKey, len: u64) -> Result<(), String> {
+    /// A PUSH header arrived: `len` bytes of key `rkey` follow. Takes them from our window and
+    /// returns an empty buffer with room for them (the spare if it fits); `Err` (a violation)
+    /// if they do not fit what is left or the key is held already.
+    pub(crate) fn accept(&self, rkey: RKey, len: u64) -> Result<Vec<u8>, String> {
         let mut st = self.lock();
         let inb = &mut st.inbound;
         let left = inb.window - inb.held;
@@ -172,7 +185,25 @@ impl Push {
             return Err(format!("peer pushed key {rkey:#x} twice"));
         }
         inb.held += len;
-        Ok(())
+        // Within our window, which is memory we agreed to hold: it fits in usize.
+        let len = usize::try_from(len).map_err(|_| format!("peer pushed {len} bytes"))?;
+        // The rule of the protocol's buffer cache: not wastefully larger than needed.
+        match inb.spare.take_if(|b| b.capacity() >= len && b.capacity() / 4 <= len) {
+            Some(mut buf) => {
+                buf.clear();
+                Ok(buf)
+            }
+            None => Ok(Vec::with_capacity(len)),
+        }
+    }
+
+    /// Keeps `buf` for a later push, in place of the spare kept so far (if it is no larger than
+    /// the window).
+    pub(crate) fn keep_spare(&self, buf: Vec<u8>) {
+        let mut st = self.lock();
+        if !st.closed && buf.capacity() as u64 <= st.inbound.window {
+            st.inbound.spare = Some(buf);
+        }
     }
 
     /// The bytes of a PUSH accepted with [`Push::accept`] have arrived. Returns the bytes to
@@ -306,6 +337,19 @@ mod tests {
         assert_eq!(p.revoked(3), Some(5));
         assert_eq!(p.revoked(3), None);
         assert_eq!(p.held(), 0);
+    }
+
+    #[test]
+    fn a_spare_buffer_is_reused_when_it_fits_and_bounded_by_the_window() {
+        let p = Push::new(1000, 0);
+        p.keep_spare(Vec::with_capacity(2000));
+        assert!(p.accept(1, 600).unwrap().capacity() < 2000, "larger than the window: not kept");
+        let spare = Vec::<u8>::with_capacity(800);
+        let at = spare.as_ptr();
+        p.keep_spare(spare);
+        assert_ne!(p.accept(2, 100).unwrap().as_ptr(), at, "wastefully large for 100 bytes");
+        let got = p.accept(3, 300).unwrap();
+        assert_eq!((got.as_ptr(), got.len()), (at, 0), "reused, empty");
     }
 
     #[test]

@@ -107,12 +107,9 @@ impl Reader {
         len: u64,
         r: &mut R,
     ) -> Result<(), Death> {
-        self.push.accept(rkey, len).map_err(malformed)?;
-        // Within our window, which is memory we agreed to hold: it fits in usize.
-        let len = usize::try_from(len).map_err(|_| malformed("PUSH larger than memory"))?;
-        let mut data = Vec::with_capacity(len);
-        let mut payload = (&mut *r).take(len as u64);
-        while data.len() < len {
+        let mut data = self.push.accept(rkey, len).map_err(malformed)?;
+        let mut payload = (&mut *r).take(len);
+        while (data.len() as u64) < len {
             // Fills the vector's spare capacity: no zeroing first, and `take` stops at the frame.
             let n = payload.read_buf(&mut data).await.map_err(inside_frame)?;
             if n == 0 {
