@@ -144,6 +144,12 @@ pub struct ConnParams {
     /// we have not read yet, on top of what the protocol above budgets for its READs. 0 disables
     /// pushing to this side (every READ then goes to the peer).
     pub tcp_push_window: u64,
+    /// tcp listeners only: pushed bytes (see [`ConnParams::tcp_push_window`]) that all the
+    /// connections accepted by the listener hold at once, together. A push beyond it is read
+    /// off the socket and discarded, its window handed back at once, and the READ of its region
+    /// goes to the peer as if it had not been pushed. Default 256 MiB. Memory cost: at most this
+    /// many bytes over the listener's connections (each also at most its `tcp_push_window`).
+    pub tcp_push_listener_total: u64,
 }
 
 impl Default for ConnParams {
@@ -156,6 +162,7 @@ impl Default for ConnParams {
             max_pending_handshakes: 64,
             tcp_keepalive: Some(std::time::Duration::from_secs(10)),
             tcp_push_window: 32 << 20,
+            tcp_push_listener_total: 256 << 20,
         }
     }
 }

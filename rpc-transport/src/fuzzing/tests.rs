@@ -53,6 +53,29 @@ fn reader_harness_survives_a_read_request_flood() {
 }
 
 #[test]
+fn reader_harness_keeps_pushes_within_the_window_and_hands_window_back() {
+    let push = |rkey: u32, len: u64| {
+        let mut f = TcpFrame::Push { rkey, addr: 0x1000, len }.encode();
+        f.extend((0..len).map(|i| i as u8));
+        f
+    };
+    let mut stream = push(1, 30);
+    stream.extend(push(2, 20));
+    stream.extend(TcpFrame::Revoke { rkey: 1 }.encode());
+    stream.extend(TcpFrame::Window { bytes: 5 }.encode()); // of the 8 we pushed
+    let run = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&stream);
+    assert_eq!(run.malformed, None);
+    assert_eq!(run.window_returned, [30], "the revoked push's window");
+    assert_eq!((run.push_held, run.push_regions_held, run.push_held_after_death), (20, 1, 0));
+
+    let over = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&push(3, 51));
+    assert!(over.malformed.is_some_and(|why| why.contains("window")));
+    let too_much_back =
+        TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&TcpFrame::Window { bytes: 9 }.encode());
+    assert!(too_much_back.malformed.is_some_and(|why| why.contains("handed back")));
+}
+
+#[test]
 fn wire_wrappers_round_trip() {
     let hello = tcp_encode_hello(8, 4096, 77, b"pd");
     let fixed: [u8; TCP_HELLO_FIXED] = hello[..TCP_HELLO_FIXED].try_into().expect("fixed part");

@@ -193,12 +193,14 @@ impl TcpReaderHarness {
                 reads.push((id, wr_id, len));
             }
         }
-        TcpReaderHarness { soft, recv_size, region, reads, push: Arc::new(Push::new(0, 0)) }
+        TcpReaderHarness { soft, recv_size, region, reads, push: Arc::new(Push::new(0, 0, None)) }
     }
 
-    /// Lets the peer push up to `window` bytes to us and us push up to `granted` to it.
-    pub fn with_push(mut self, window: u64, granted: u64) -> TcpReaderHarness {
-        self.push = Arc::new(Push::new(window, granted));
+    /// Lets the peer push up to `window` bytes to us, and has us push `pushed` bytes (if they fit)
+    /// of the `granted` window the peer gave us, so that it may hand them back.
+    pub fn with_push(mut self, window: u64, granted: u64, pushed: u64) -> TcpReaderHarness {
+        self.push = Arc::new(Push::new(window, granted, None));
+        self.push.start_push(&RegionDesc { addr: 0, len: pushed, rkey: 0 });
         self
     }
 

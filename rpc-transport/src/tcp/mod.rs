@@ -53,7 +53,7 @@ use crate::{
     TransportError, WrId,
 };
 use handshake::PeerHello;
-use push::{Lookup, Push};
+use push::{Lookup, Push, PushPool};
 use writer::Outgoing;
 
 pub use listener::listen;
@@ -80,7 +80,7 @@ async fn connect_stream(addr: SocketAddr, params: ConnParams) -> Result<TcpConne
         .map_err(connect_error)?;
     configure(&stream, &params)?;
     let (soft, hello) = handshake::client(&mut stream, &params).await?;
-    Ok(TcpConnection::start(stream, soft, &params, hello, addr))
+    Ok(TcpConnection::start(stream, soft, &params, hello, addr, None))
 }
 
 /// The accepting side of the handshake on a fresh stream (see `handshake.rs`): the peer's hello
@@ -89,10 +89,11 @@ async fn accept_stream(
     mut stream: TcpStream,
     params: &ConnParams,
     peer: SocketAddr,
+    push_pool: Arc<PushPool>,
 ) -> Result<TcpConnection, TransportError> {
     configure(&stream, params)?;
     let (soft, hello) = handshake::server(&mut stream, params).await?;
-    Ok(TcpConnection::start(stream, soft, params, hello, peer))
+    Ok(TcpConnection::start(stream, soft, params, hello, peer, Some(push_pool)))
 }
 
 /// Socket options of every connection: no Nagle delay, and `SO_KEEPALIVE` as configured.
@@ -147,9 +148,16 @@ struct TcpConnection {
 impl TcpConnection {
     /// Spawns the reader and writer tasks. They stop as soon as the endpoint dies, whoever
     /// kills it (a task, `close`, or drop); the socket is then closed.
-    fn start(stream: TcpStream, soft: Arc<Soft>, ours: &ConnParams, hello: PeerHello, peer: SocketAddr) -> Self {
+    fn start(
+        stream: TcpStream,
+        soft: Arc<Soft>,
+        ours: &ConnParams,
+        hello: PeerHello,
+        peer: SocketAddr,
+        push_pool: Option<Arc<PushPool>>,
+    ) -> Self {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let push = Arc::new(Push::new(ours.tcp_push_window, hello.push_window));
+        let push = Arc::new(Push::new(ours.tcp_push_window, hello.push_window, push_pool));
         let dead_push = push.clone();
         soft.set_on_death(move |_| {
             dead_push.close();

@@ -16,7 +16,10 @@
 //! flight to the owner are dropped on arrival (the owner pushed them before it served that
 //! READ). Window is handed back (WINDOW) as soon as pushed bytes are consumed or dropped.
 //!
-//! Memory: at most the window we announced is held for the peer, plus one idle buffer (at most
+//! Memory: at most the window we announced is held for the peer; the connections of one
+//! listener together hold at most [`crate::ConnParams::tcp_push_listener_total`] (a push beyond
+//! that is read off the socket and discarded, its window handed back at once, and its READ goes
+//! to the owner as if it had never been pushed). Plus one idle buffer per connection (at most
 //! the window) kept for the next push: a READ served from pushed bytes hands the pushed buffer
 //! to the caller and keeps the caller's destination, which the protocol above takes from its
 //! buffer cache already faulted in, so a steady stream of pushes reuses the same pages instead
@@ -24,7 +27,8 @@
 //! registered regions (a push shares the region's `Bytes`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{RKey, RegionDesc};
 
@@ -65,6 +69,45 @@ struct Inbound {
     spare: Option<Vec<u8>>,
     /// READs of each key in flight to the owner (bytes of such a key are dropped on arrival).
     reading: HashMap<RKey, u32>,
+    /// Shared with the other connections of our listener, if any.
+    pool: Option<Arc<PushPool>>,
+}
+
+impl Inbound {
+    /// `len` pushed bytes are no longer held (consumed, dropped, or the connection died).
+    fn release(&mut self, len: u64) {
+        self.held -= len;
+        if let Some(pool) = &self.pool {
+            pool.give(len);
+        }
+    }
+}
+
+/// Pushed bytes the connections of one listener may hold at once, together.
+#[derive(Debug)]
+pub(crate) struct PushPool {
+    left: AtomicU64,
+}
+
+impl PushPool {
+    pub(crate) fn new(bytes: u64) -> Arc<PushPool> {
+        Arc::new(PushPool { left: AtomicU64::new(bytes) })
+    }
+
+    /// Takes `n` bytes if that many are left.
+    fn take(&self, n: u64) -> bool {
+        self.left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(n)).is_ok()
+    }
+
+    fn give(&self, n: u64) {
+        self.left.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Bytes left.
+    #[cfg(test)]
+    pub(crate) fn left(&self) -> u64 {
+        self.left.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Debug)]
@@ -92,8 +135,9 @@ pub(crate) fn into_destination(dst: Vec<u8>, pushed: Vec<u8>) -> (Vec<u8>, Vec<u
 }
 
 impl Push {
-    /// `ours`: the window we announced; `theirs`: the window the peer announced.
-    pub(crate) fn new(ours: u64, theirs: u64) -> Push {
+    /// `ours`: the window we announced; `theirs`: the window the peer announced; `pool`: what
+    /// the connections of our listener share, if we were accepted by one.
+    pub(crate) fn new(ours: u64, theirs: u64, pool: Option<Arc<PushPool>>) -> Push {
         Push {
             state: Mutex::new(State {
                 closed: false,
@@ -104,6 +148,7 @@ impl Push {
                     regions: HashMap::new(),
                     spare: None,
                     reading: HashMap::new(),
+                    pool,
                 },
             }),
         }
@@ -121,7 +166,8 @@ impl Push {
         st.inbound.regions.clear();
         st.inbound.spare = None;
         st.inbound.reading.clear();
-        st.inbound.held = 0;
+        let held = st.inbound.held;
+        st.inbound.release(held);
         st.outbound.pushed.clear();
     }
 
@@ -170,9 +216,14 @@ impl Push {
 
     /// A PUSH header arrived: `len` bytes of key `rkey` follow. Takes them from our window and
     /// returns an empty buffer with room for them (the spare if it fits); `Err` (a violation)
-    /// if they do not fit what is left or the key is held already.
-    pub(crate) fn accept(&self, rkey: RKey, len: u64) -> Result<Vec<u8>, String> {
+    /// if they do not fit what is left or the key is held already. `Ok(None)`: the bytes are to
+    /// be read and discarded, and the window handed back at once (our listener's connections
+    /// hold all the pushed bytes they may, or the connection died).
+    pub(crate) fn accept(&self, rkey: RKey, len: u64) -> Result<Option<Vec<u8>>, String> {
         let mut st = self.lock();
+        if st.closed {
+            return Ok(None);
+        }
         let inb = &mut st.inbound;
         let left = inb.window - inb.held;
         if len > left {
@@ -184,16 +235,19 @@ impl Push {
         if inb.regions.contains_key(&rkey) {
             return Err(format!("peer pushed key {rkey:#x} twice"));
         }
-        inb.held += len;
         // Within our window, which is memory we agreed to hold: it fits in usize.
-        let len = usize::try_from(len).map_err(|_| format!("peer pushed {len} bytes"))?;
+        let size = usize::try_from(len).map_err(|_| format!("peer pushed {len} bytes"))?;
+        if inb.pool.as_ref().is_some_and(|pool| !pool.take(len)) {
+            return Ok(None);
+        }
+        inb.held += len;
         // The rule of the protocol's buffer cache: not wastefully larger than needed.
-        match inb.spare.take_if(|b| b.capacity() >= len && b.capacity() / 4 <= len) {
+        match inb.spare.take_if(|b| b.capacity() >= size && b.capacity() / 4 <= size) {
             Some(mut buf) => {
                 buf.clear();
-                Ok(buf)
+                Ok(Some(buf))
             }
-            None => Ok(Vec::with_capacity(len)),
+            None => Ok(Some(Vec::with_capacity(size))),
         }
     }
 
@@ -217,7 +271,7 @@ impl Push {
         let inb = &mut st.inbound;
         if inb.reading.contains_key(&rkey) {
             let len = data.len() as u64;
-            inb.held -= len;
+            inb.release(len);
             return Some(len);
         }
         inb.regions.insert(rkey, Pushed { addr, data });
@@ -231,7 +285,7 @@ impl Push {
         let inb = &mut st.inbound;
         let gone = inb.regions.remove(&rkey)?;
         let len = gone.data.len() as u64;
-        inb.held -= len;
+        inb.release(len);
         Some(len)
     }
 
@@ -246,7 +300,7 @@ impl Push {
         let mut window = 0;
         if let Some(pushed) = inb.regions.remove(&remote.rkey) {
             let len = pushed.data.len() as u64;
-            inb.held -= len;
+            inb.release(len);
             if pushed.addr == remote.addr && len == remote.len {
                 return Lookup::Pushed { data: pushed.data, window: len };
             }
@@ -290,7 +344,7 @@ mod tests {
 
     #[test]
     fn owner_pushes_only_what_fits_and_gets_it_back() {
-        let p = Push::new(0, 100);
+        let p = Push::new(0, 100, None);
         assert!(p.start_push(&desc(1, 0, 60)));
         assert!(!p.start_push(&desc(2, 0, 41)), "does not fit the 40 left");
         assert!(p.start_push(&desc(3, 0, 40)));
@@ -301,13 +355,13 @@ mod tests {
         assert!(p.window_back(41).is_err(), "more than was pushed");
         p.window_back(40).unwrap();
         assert_eq!(p.window_left(), 100);
-        let off = Push::new(0, 0);
+        let off = Push::new(0, 0, None);
         assert!(!off.start_push(&desc(1, 0, 0)), "a zero window means no push at all");
     }
 
     #[test]
     fn reader_serves_the_first_exact_read_only() {
-        let p = Push::new(100, 0);
+        let p = Push::new(100, 0, None);
         p.accept(7, 4).unwrap();
         assert_eq!(p.arrived(7, 0x10, b"abcd".to_vec()), None);
         assert!(p.accept(7, 1).is_err(), "a key held is pushed again");
@@ -326,7 +380,7 @@ mod tests {
 
     #[test]
     fn bytes_arriving_while_their_key_is_read_remotely_are_dropped() {
-        let p = Push::new(100, 0);
+        let p = Push::new(100, 0, None);
         assert!(matches!(p.lookup(&desc(3, 0, 5)), Lookup::Remote { window: 0 }));
         p.accept(3, 5).unwrap();
         assert_eq!(p.arrived(3, 0, vec![0; 5]), Some(5));
@@ -341,20 +395,39 @@ mod tests {
 
     #[test]
     fn a_spare_buffer_is_reused_when_it_fits_and_bounded_by_the_window() {
-        let p = Push::new(1000, 0);
+        let p = Push::new(1000, 0, None);
         p.keep_spare(Vec::with_capacity(2000));
-        assert!(p.accept(1, 600).unwrap().capacity() < 2000, "larger than the window: not kept");
+        assert!(p.accept(1, 600).unwrap().unwrap().capacity() < 2000, "larger than the window: not kept");
         let spare = Vec::<u8>::with_capacity(800);
         let at = spare.as_ptr();
         p.keep_spare(spare);
-        assert_ne!(p.accept(2, 100).unwrap().as_ptr(), at, "wastefully large for 100 bytes");
-        let got = p.accept(3, 300).unwrap();
+        let fresh = p.accept(2, 100).unwrap().unwrap();
+        assert_ne!(fresh.as_ptr(), at, "wastefully large for 100 bytes");
+        let got = p.accept(3, 300).unwrap().unwrap();
         assert_eq!((got.as_ptr(), got.len()), (at, 0), "reused, empty");
     }
 
     #[test]
+    fn a_listeners_connections_share_one_pool_and_discard_beyond_it() {
+        let pool = PushPool::new(100);
+        let (a, b) = (Push::new(80, 0, Some(pool.clone())), Push::new(80, 0, Some(pool.clone())));
+        assert!(a.accept(1, 70).unwrap().is_some());
+        assert!(b.accept(1, 40).unwrap().is_none(), "30 left in the pool: read and discarded");
+        assert!(b.accept(2, 30).unwrap().is_some());
+        assert_eq!((pool.left(), b.held()), (0, 30));
+        assert!(b.accept(3, 60).is_err(), "beyond b's own window is still a violation");
+        a.arrived(1, 0, vec![0; 70]);
+        assert_eq!(a.revoked(1), Some(70));
+        assert_eq!(pool.left(), 70);
+        b.close();
+        assert_eq!(pool.left(), 100, "a dead connection gives back what it held");
+        assert!(b.accept(4, 10).unwrap().is_none(), "nothing is kept after death");
+        assert_eq!(pool.left(), 100);
+    }
+
+    #[test]
     fn reader_window_is_enforced_and_closing_drops_everything() {
-        let p = Push::new(10, 0);
+        let p = Push::new(10, 0, None);
         p.accept(1, 6).unwrap();
         assert!(p.accept(2, 5).is_err(), "beyond the window");
         p.accept(2, 4).unwrap();

@@ -13,7 +13,7 @@ async fn pair(reader: ConnParams, owner: ConnParams) -> (TcpConnection, TcpConne
     let addr = listener.local_addr().expect("local_addr");
     let accept = async {
         let (stream, peer) = listener.accept().await.expect("accept");
-        accept_stream(stream, &owner, peer).await.expect("server setup")
+        accept_stream(stream, &owner, peer, PushPool::new(owner.tcp_push_listener_total)).await.expect("server setup")
     };
     let (reader, owner) = tokio::join!(connect_stream(addr, reader), accept);
     (reader.expect("connect"), owner)
@@ -179,4 +179,52 @@ async fn the_readers_destination_is_kept_for_the_next_push() {
     let got = read(&mut reader, 2, second).await.expect("READ");
     assert_eq!(got, data);
     assert_eq!(got.as_ptr(), spare, "the second push landed in the first READ's destination");
+}
+
+/// Waits for the next completion of a boxed connection, which must be a receive.
+async fn recv_boxed(conn: &mut dyn Connection) -> Vec<u8> {
+    let mut out = Vec::new();
+    let polled = poll_fn(|cx| conn.poll_completions(cx, &mut out, 1));
+    tokio::time::timeout(Duration::from_secs(10), polled).await.expect("timely").expect("alive");
+    match out.pop() {
+        Some(Completion::Recv { buf }) => buf.bytes().to_vec(),
+        other => panic!("expected a receive, got {other:?}"),
+    }
+}
+
+async fn read_boxed(conn: &mut dyn Connection, remote: RegionDesc) -> Vec<u8> {
+    conn.post_read(1, remote, vec![0; remote.len as usize]).expect("post_read");
+    let mut out = Vec::new();
+    let polled = poll_fn(|cx| conn.poll_completions(cx, &mut out, 1));
+    tokio::time::timeout(Duration::from_secs(10), polled).await.expect("timely").expect("alive");
+    match out.pop() {
+        Some(Completion::Read { result: Ok(data), .. }) => data,
+        other => panic!("expected a READ, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_listeners_connections_share_one_push_pool() {
+    let params = ConnParams { tcp_push_listener_total: 100, ..ConnParams::default() };
+    let mut l = listen("127.0.0.1:0".parse().unwrap(), params).await.expect("listen");
+    let crate::Address::Tcp(addr) = l.local_addr() else { panic!("not tcp") };
+    let mut a = connect(addr, ConnParams::default()).await.expect("connect a");
+    let mut sa = l.accept().await.expect("accept a");
+    let mut b = connect(addr, ConnParams::default()).await.expect("connect b");
+    let mut sb = l.accept().await.expect("accept b");
+
+    // Each client pushes 80 bytes, then a SEND: once the server has the SEND, it has the push.
+    let da = a.register(pattern(80, 1)).unwrap();
+    a.post_send(1, Bytes::from_static(b"a")).unwrap();
+    assert_eq!(recv_boxed(&mut *sa).await, b"a");
+    let db = b.register(pattern(80, 2)).unwrap();
+    b.post_send(1, Bytes::from_static(b"b")).unwrap();
+    assert_eq!(recv_boxed(&mut *sb).await, b"b");
+    assert_eq!((a.counters().regions_pushed, b.counters().regions_pushed), (1, 1));
+
+    // a's push is kept (80 of 100); b's did not fit what was left and was discarded.
+    assert_eq!(read_boxed(&mut *sa, da).await, pattern(80, 1));
+    assert_eq!(read_boxed(&mut *sb, db).await, pattern(80, 2));
+    assert_eq!((sa.counters().reads_served_from_push, a.counters().reads_served), (1, 0));
+    assert_eq!((sb.counters().reads_served_from_push, b.counters().reads_served), (0, 1));
 }

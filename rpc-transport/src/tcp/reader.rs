@@ -107,8 +107,16 @@ impl Reader {
         len: u64,
         r: &mut R,
     ) -> Result<(), Death> {
-        let mut data = self.push.accept(rkey, len).map_err(malformed)?;
         let mut payload = (&mut *r).take(len);
+        let Some(mut data) = self.push.accept(rkey, len).map_err(malformed)? else {
+            // Not kept (see `Push::accept`): off the socket, and the window back at once.
+            let n = tokio::io::copy(&mut payload, &mut tokio::io::sink()).await.map_err(inside_frame)?;
+            if n < len {
+                return Err(malformed("truncated frame at end of stream"));
+            }
+            self.window_back(len);
+            return Ok(());
+        };
         while (data.len() as u64) < len {
             // Fills the vector's spare capacity: no zeroing first, and `take` stops at the frame.
             let n = payload.read_buf(&mut data).await.map_err(inside_frame)?;

@@ -15,7 +15,7 @@ struct Harness {
 }
 
 fn harness(recv_depth: u32, recv_size: u32) -> Harness {
-    harness_with_push(recv_depth, recv_size, Push::new(0, 0))
+    harness_with_push(recv_depth, recv_size, Push::new(0, 0, None))
 }
 
 fn harness_with_push(recv_depth: u32, recv_size: u32, push: Push) -> Harness {
@@ -202,7 +202,7 @@ fn windows_queued(h: &mut Harness) -> Vec<u64> {
 
 #[test]
 fn pushes_are_kept_within_the_window_and_handed_back_when_revoked() {
-    let mut h = harness_with_push(1, 16, Push::new(10, 0));
+    let mut h = harness_with_push(1, 16, Push::new(10, 0, None));
     let mut input = push_frame(1, 0x100, b"abcd");
     input.extend(wire::encode_revoke(1));
     input.extend(wire::encode_revoke(99)); // never pushed (or consumed already): nothing to do
@@ -228,7 +228,7 @@ fn push_violations_are_malformed() {
         ("window we never granted back", wire::encode_window(1).to_vec()),
     ];
     for (what, input) in cases {
-        let mut h = harness_with_push(1, 16, Push::new(10, 0));
+        let mut h = harness_with_push(1, 16, Push::new(10, 0, None));
         let death = run(&mut h, &input);
         assert!(matches!(death, Death::Malformed(_)), "{what}: {death:?}");
     }
@@ -236,7 +236,7 @@ fn push_violations_are_malformed() {
 
 #[test]
 fn window_handed_back_is_accepted_up_to_what_was_pushed() {
-    let push = Push::new(0, 100);
+    let push = Push::new(0, 100, None);
     assert!(push.start_push(&RegionDesc { addr: 0, len: 60, rkey: 1 }));
     let mut h = harness_with_push(1, 16, push);
     let mut input = wire::encode_window(50).to_vec();
@@ -267,7 +267,7 @@ proptest! {
 
     #[test]
     fn random_frames_never_panic_the_decoder(input in frame_soup(), pending in 0u64..4, window in 0u64..64) {
-        let mut h = harness_with_push(2, 32, Push::new(window, window));
+        let mut h = harness_with_push(2, 32, Push::new(window, window, None));
         let desc = h.soft.register(Bytes::from_static(b"0123456789abcdef"));
         for wr_id in 0..pending {
             h.soft.begin_read(wr_id, desc, vec![0; desc.len as usize]).unwrap();
