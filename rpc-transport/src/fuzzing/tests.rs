@@ -70,8 +70,9 @@ fn reader_harness_keeps_pushes_within_the_window_and_hands_window_back() {
 
     let over = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&push(3, 51));
     assert!(over.malformed.is_some_and(|why| why.contains("window")));
-    let too_much_back =
-        TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&TcpFrame::Window { bytes: 9 }.encode());
+    let too_much_back = TcpReaderHarness::new(1, 8, b"", &[])
+        .with_push(50, 100, 8)
+        .run(&TcpFrame::Window { bytes: 9 }.encode());
     assert!(too_much_back.malformed.is_some_and(|why| why.contains("handed back")));
 }
 

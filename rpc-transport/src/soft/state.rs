@@ -193,7 +193,12 @@ impl State {
         Ok(self.new_op(Pending::Read { wr_id, remote, dst: Some(dst) }))
     }
 
-    pub(super) fn read_at_once(&mut self, wr_id: WrId, remote: RegionDesc, data: Vec<u8>) -> Result<(), Death> {
+    pub(super) fn read_at_once(
+        &mut self,
+        wr_id: WrId,
+        remote: RegionDesc,
+        data: Vec<u8>,
+    ) -> Result<(), Death> {
         let op = self.begin_read(wr_id, remote, Vec::new())?;
         self.counters.reads_served_from_push += 1;
         self.complete_read(op, Ok(data));

@@ -229,7 +229,9 @@ impl TcpReaderHarness {
                     let mut windows = Vec::new();
                     while let Some(o) = rx.recv().await {
                         match o {
-                            Outgoing::ReadResp { id, result, .. } => answers.push((id, result.map(|b| b.len()))),
+                            Outgoing::ReadResp { id, result, .. } => {
+                                answers.push((id, result.map(|b| b.len())))
+                            }
                             Outgoing::Window { bytes } => windows.push(bytes),
                             _ => {}
                         }

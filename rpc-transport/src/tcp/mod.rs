@@ -257,7 +257,10 @@ impl Connection for TcpConnection {
                 if window > 0 {
                     self.queue(Outgoing::Window { bytes: window });
                 }
-                let id = self.soft.begin_read(wr_id, remote, dst).inspect_err(|_| self.push.read_done(remote.rkey))?;
+                let id = self
+                    .soft
+                    .begin_read(wr_id, remote, dst)
+                    .inspect_err(|_| self.push.read_done(remote.rkey))?;
                 self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });
                 Ok(())
             }

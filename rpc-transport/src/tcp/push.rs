@@ -365,7 +365,9 @@ mod tests {
         p.accept(7, 4).unwrap();
         assert_eq!(p.arrived(7, 0x10, b"abcd".to_vec()), None);
         assert!(p.accept(7, 1).is_err(), "a key held is pushed again");
-        assert!(matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Pushed { ref data, window: 4 } if data == b"abcd"));
+        assert!(
+            matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Pushed { ref data, window: 4 } if data == b"abcd")
+        );
         assert_eq!(p.held(), 0);
         // A second READ of the key goes to the owner.
         assert!(matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Remote { window: 0 }));

@@ -13,7 +13,9 @@ async fn pair(reader: ConnParams, owner: ConnParams) -> (TcpConnection, TcpConne
     let addr = listener.local_addr().expect("local_addr");
     let accept = async {
         let (stream, peer) = listener.accept().await.expect("accept");
-        accept_stream(stream, &owner, peer, PushPool::new(owner.tcp_push_listener_total)).await.expect("server setup")
+        accept_stream(stream, &owner, peer, PushPool::new(owner.tcp_push_listener_total))
+            .await
+            .expect("server setup")
     };
     let (reader, owner) = tokio::join!(connect_stream(addr, reader), accept);
     (reader.expect("connect"), owner)
