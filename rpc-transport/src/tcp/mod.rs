@@ -25,8 +25,9 @@
 //! or drops pushed bytes.
 //!
 //! Any framing violation by the peer (unknown frame type, oversized SEND, unsolicited or
-//! mis-sized READ response, truncated frame, a PUSH beyond the window we granted) fails the connection with
-//! [`TransportError::Malformed`]: pending operations are flushed and the socket is closed.
+//! mis-sized READ response, truncated frame, a PUSH beyond the window we granted) fails the
+//! connection with [`TransportError::Malformed`]: pending operations are flushed and the socket
+//! is closed.
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fuzzing;
