@@ -341,9 +341,10 @@ impl Put for Chunk {
                 tag(out, 5, N);
                 key.put(out)
             }
-            Chunk::Window(bytes) => {
+            Chunk::Window { key, len } => {
                 tag(out, 6, N);
-                bytes.put(out)
+                key.put(out);
+                len.put(out);
             }
         }
     }

@@ -223,9 +223,9 @@ fn tcp_reader() -> Vec<(&'static str, Vec<u8>)> {
                     Chunk::Push { key: 1, len: 200 },
                     Chunk::Push { key: 2, len: 100 },
                     Chunk::Revoke(1),
-                    Chunk::Window(60),
+                    Chunk::Window { key: 0, len: None },
                     Chunk::Push { key: 3, len: 150 },
-                    Chunk::Window(40),
+                    Chunk::Window { key: 1, len: Some(40) },
                 ],
             ),
         ),
@@ -240,7 +240,7 @@ fn tcp_wire() -> Vec<(&'static str, Vec<u8>)> {
         ("read-resp", TcpFrame::ReadResp { id: 1, status: 0, len: 64 }.encode()),
         ("push", TcpFrame::Push { rkey: 5, addr: 0x1000, len: 64 }.encode()),
         ("revoke", TcpFrame::Revoke { rkey: 5 }.encode()),
-        ("window", TcpFrame::Window { bytes: 64 }.encode()),
+        ("window", TcpFrame::Window { rkey: 5, len: 64 }.encode()),
     ]
 }
 

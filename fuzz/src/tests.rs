@@ -112,7 +112,8 @@ fn reader_chunks_encode_as_arbitrary_reads_them() {
         Chunk::ReadResp { pick: 1, status: 0, len: None },
         Chunk::Push { key: 8, len: 9 },
         Chunk::Revoke(10),
-        Chunk::Window(11),
+        Chunk::Window { key: 11, len: Some(12) },
+        Chunk::Window { key: 13, len: None },
     ];
     round_trips(&setup, &chunks, &mut Vec::new());
 }

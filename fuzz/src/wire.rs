@@ -140,8 +140,13 @@ pub enum Chunk {
     },
     /// A REVOKE of key `key`.
     Revoke(u8),
-    /// WINDOW handing back this many bytes of ours.
-    Window(u16),
+    /// WINDOW handing back a region of ours: key 0 is the one we pushed (`pushed` bytes).
+    Window {
+        /// The key (`% 2`).
+        key: u8,
+        /// The length: the pushed region's own when `None`.
+        len: Option<u16>,
+    },
 }
 
 /// `tcp_reader`: the reader task over an in-memory stream of frames.
@@ -197,14 +202,17 @@ pub fn tcp_reader_steps(setup: &ReaderSetup, chunks: impl IntoIterator<Item = Ch
                 pushed_to_us += u64::from(len);
             }
             Chunk::Revoke(key) => stream.extend(TcpFrame::Revoke { rkey: u32::from(key % 8) }.encode()),
-            Chunk::Window(bytes) => stream.extend(TcpFrame::Window { bytes: u64::from(bytes) }.encode()),
+            Chunk::Window { key, len } => {
+                let len = len.map_or(u64::from(setup.pushed), u64::from);
+                stream.extend(TcpFrame::Window { rkey: u32::from(key % 2), len }.encode())
+            }
         }
     }
     let run = h.run(&stream);
 
     assert!(run.push_held <= window, "{} pushed bytes held, window {window}", run.push_held);
     assert_eq!(run.push_held_after_death, 0, "pushed bytes outlived the connection");
-    let returned: u64 = run.window_returned.iter().sum();
+    let returned: u64 = run.window_returned.iter().map(|&(_, len)| len).sum();
     assert!(
         returned + run.push_held <= pushed_to_us,
         "handed back {returned} and hold {} of {pushed_to_us} pushed",

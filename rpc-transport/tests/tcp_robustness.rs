@@ -246,11 +246,12 @@ async fn push_beyond_the_granted_window_fails_the_connection() {
 }
 
 /// A push within the window is fine, a second push of the same key while the first is held is
-/// not, and neither is handing back window the server never used.
+/// not, and neither is handing back a region the server never pushed.
 #[tokio::test]
 async fn pushing_a_held_key_twice_or_handing_back_unused_window_fails_the_connection() {
     let params = ConnParams { tcp_push_window: 64, ..ConnParams::default() };
     let mut window_back = vec![6u8];
+    window_back.extend_from_slice(&7u32.to_le_bytes());
     window_back.extend_from_slice(&1u64.to_le_bytes());
     let mut twice = push_frame(9, 0x1000, 8, &[1; 8]);
     twice.extend(push_frame(9, 0x1000, 8, &[1; 8]));

@@ -62,18 +62,19 @@ fn reader_harness_keeps_pushes_within_the_window_and_hands_window_back() {
     let mut stream = push(1, 30);
     stream.extend(push(2, 20));
     stream.extend(TcpFrame::Revoke { rkey: 1 }.encode());
-    stream.extend(TcpFrame::Window { bytes: 5 }.encode()); // of the 8 we pushed
+    stream.extend(TcpFrame::Window { rkey: 0, len: 8 }.encode()); // the region we pushed
     let run = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&stream);
     assert_eq!(run.malformed, None);
-    assert_eq!(run.window_returned, [30], "the revoked push's window");
+    assert_eq!(run.window_returned, [(1, 30)], "the revoked push, handed back");
     assert_eq!((run.push_held, run.push_regions_held, run.push_held_after_death), (20, 1, 0));
 
     let over = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&push(3, 51));
     assert!(over.malformed.is_some_and(|why| why.contains("window")));
-    let too_much_back = TcpReaderHarness::new(1, 8, b"", &[])
-        .with_push(50, 100, 8)
-        .run(&TcpFrame::Window { bytes: 9 }.encode());
-    assert!(too_much_back.malformed.is_some_and(|why| why.contains("handed back")));
+    for (rkey, len) in [(0, 9), (1, 8)] {
+        let wrong = TcpFrame::Window { rkey, len }.encode();
+        let run = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&wrong);
+        assert!(run.malformed.is_some_and(|why| why.contains("handed back")), "{rkey} {len}");
+    }
 }
 
 #[test]
@@ -90,7 +91,7 @@ fn wire_wrappers_round_trip() {
         TcpFrame::ReadResp { id: 5, status: 6, len: 7 },
         TcpFrame::Push { rkey: 8, addr: 9, len: 10 },
         TcpFrame::Revoke { rkey: 11 },
-        TcpFrame::Window { bytes: 12 },
+        TcpFrame::Window { rkey: 12, len: 13 },
     ] {
         let enc = f.encode();
         assert_eq!(TcpFrame::header_len(enc[0]), Some(enc.len() - 1));

@@ -97,10 +97,12 @@ pub enum TcpFrame {
         /// The region's key.
         rkey: u32,
     },
-    /// Push window handed back.
+    /// A pushed region handed back (its window returns).
     Window {
-        /// Bytes.
-        bytes: u64,
+        /// The region's key.
+        rkey: u32,
+        /// Its length.
+        len: u64,
     },
 }
 
@@ -113,7 +115,7 @@ impl TcpFrame {
             TcpFrame::ReadResp { id, status, len } => wire::encode_read_resp(id, status, len).to_vec(),
             TcpFrame::Push { rkey, addr, len } => wire::encode_push(rkey, addr, len).to_vec(),
             TcpFrame::Revoke { rkey } => wire::encode_revoke(rkey).to_vec(),
-            TcpFrame::Window { bytes } => wire::encode_window(bytes).to_vec(),
+            TcpFrame::Window { rkey, len } => wire::encode_window(rkey, len).to_vec(),
         }
     }
 
@@ -130,7 +132,7 @@ impl TcpFrame {
             wire::Header::ReadResp { id, status, len } => TcpFrame::ReadResp { id, status, len },
             wire::Header::Push { rkey, addr, len } => TcpFrame::Push { rkey, addr, len },
             wire::Header::Revoke { rkey } => TcpFrame::Revoke { rkey },
-            wire::Header::Window { bytes } => TcpFrame::Window { bytes },
+            wire::Header::Window { rkey, len } => TcpFrame::Window { rkey, len },
         })
     }
 }
@@ -167,8 +169,8 @@ pub struct TcpReaderRun {
     pub responses: Vec<(u64, Result<usize, u8>)>,
     /// The endpoint's counters at the end.
     pub counters: TransportCounters,
-    /// Push window handed back to the peer, in bytes (each WINDOW frame queued).
-    pub window_returned: Vec<u64>,
+    /// Pushed regions handed back to the peer: `(key, length)` of each WINDOW frame queued.
+    pub window_returned: Vec<(u32, u64)>,
     /// Pushed bytes held when the stream ended (before the endpoint failed).
     pub push_held: u64,
     /// Pushed regions held when the stream ended.
@@ -196,8 +198,8 @@ impl TcpReaderHarness {
         TcpReaderHarness { soft, recv_size, region, reads, push: Arc::new(Push::new(0, 0, None)) }
     }
 
-    /// Lets the peer push up to `window` bytes to us, and has us push `pushed` bytes (if they fit)
-    /// of the `granted` window the peer gave us, so that it may hand them back.
+    /// Lets the peer push up to `window` bytes to us, and has us push a region of `pushed` bytes
+    /// under key 0 (if it fits the `granted` window the peer gave us), which it may hand back.
     pub fn with_push(mut self, window: u64, granted: u64, pushed: u64) -> TcpReaderHarness {
         self.push = Arc::new(Push::new(window, granted, None));
         self.push.start_push(&RegionDesc { addr: 0, len: pushed, rkey: 0 });
@@ -232,7 +234,7 @@ impl TcpReaderHarness {
                             Outgoing::ReadResp { id, result, .. } => {
                                 answers.push((id, result.map(|b| b.len())))
                             }
-                            Outgoing::Window { bytes } => windows.push(bytes),
+                            Outgoing::Window { rkey, len } => windows.push((rkey, len)),
                             _ => {}
                         }
                     }

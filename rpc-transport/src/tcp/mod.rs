@@ -21,8 +21,8 @@
 //! length fits what is left of that window, ahead of the frame that advertises it; the peer's
 //! READ of exactly that region then completes from those bytes, with no round trip. Keys and
 //! bounds keep their meaning: any other READ goes to the owner, and a revoked region's pushed
-//! bytes are dropped by the peer (REVOKE frame). The peer hands the window back as it consumes
-//! or drops pushed bytes.
+//! bytes are dropped by the peer (REVOKE frame). The peer hands each region back (WINDOW frame)
+//! as it consumes or drops its bytes.
 //!
 //! Any framing violation by the peer (unknown frame type, oversized SEND, unsolicited or
 //! mis-sized READ response, truncated frame, a PUSH beyond the window we granted) fails the
@@ -239,7 +239,7 @@ impl Connection for TcpConnection {
 
     fn deregister(&mut self, rkey: RKey) -> Result<(), TransportError> {
         self.soft.deregister(rkey)?;
-        if self.push.forget_pushed(rkey) {
+        if self.push.revoke_pushed(rkey) {
             self.queue(Outgoing::Revoke { rkey });
         }
         Ok(())
@@ -248,15 +248,15 @@ impl Connection for TcpConnection {
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Vec<u8>) -> Result<(), TransportError> {
         self.info.check_read(&remote, dst.len())?;
         match self.push.lookup(&remote) {
-            Lookup::Pushed { data, window } => {
-                self.queue(Outgoing::Window { bytes: window });
+            Lookup::Pushed { data } => {
+                self.queue(Outgoing::Window { rkey: remote.rkey, len: remote.len });
                 let (filled, spare) = push::into_destination(dst, data);
                 self.push.keep_spare(spare);
                 self.soft.read_at_once(wr_id, remote, filled)
             }
-            Lookup::Remote { window } => {
-                if window > 0 {
-                    self.queue(Outgoing::Window { bytes: window });
+            Lookup::Remote { dropped } => {
+                if let Some(len) = dropped {
+                    self.queue(Outgoing::Window { rkey: remote.rkey, len });
                 }
                 let id = self
                     .soft

@@ -4,7 +4,10 @@
 //! **Owner side.** When a region is registered and its whole length fits the window the peer
 //! has left, its bytes go to the peer at once, ahead of whatever frame advertises the region (the
 //! stream is ordered, so they arrive first). The region stays registered exactly as before: the
-//! peer may still READ it, and revoking it sends REVOKE so that the peer drops unread bytes.
+//! peer may still READ it. The peer reports each pushed region it no longer holds (consumed or
+//! dropped) with WINDOW, which gives its window back; revoking a region the peer still holds
+//! sends REVOKE so that it drops the bytes (the protocol revokes after the peer's READ, whose
+//! WINDOW precedes its done report on the stream, so REVOKE is rare).
 //!
 //! **Reader side.** Pushed bytes are kept by key, within the window we announced. A READ is
 //! served from them when it is the first READ of that key since they arrived and covers exactly
@@ -14,7 +17,8 @@
 //! the owner, so a READ posted after the owner's REVOKE arrived is refused and closes the
 //! connection exactly as without push. Bytes of a key that arrive while a READ of it is in
 //! flight to the owner are dropped on arrival (the owner pushed them before it served that
-//! READ). Window is handed back (WINDOW) as soon as pushed bytes are consumed or dropped.
+//! READ). Each pushed region is handed back (WINDOW, with its key and length) exactly once, as
+//! soon as its bytes are consumed or dropped.
 //!
 //! Memory: at most the window we announced is held for the peer; the connections of one
 //! listener together hold at most [`crate::ConnParams::tcp_push_listener_total`] (a push beyond
@@ -26,7 +30,7 @@
 //! of faulting in fresh ones for every region. The owner side holds nothing more than its
 //! registered regions (a push shares the region's `Bytes`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -53,8 +57,15 @@ struct Outbound {
     granted: u64,
     /// What is left of it: `granted` minus bytes pushed and not yet handed back.
     left: u64,
-    /// Keys of our registered regions that were pushed (their revocation is sent to the peer).
-    pushed: HashSet<RKey>,
+    /// Our regions the peer holds (or is sent), by key: their length, and whether REVOKE was
+    /// sent. An entry leaves when the peer hands the region back.
+    pushed: HashMap<RKey, OutPushed>,
+}
+
+#[derive(Debug)]
+struct OutPushed {
+    len: u64,
+    revoked: bool,
 }
 
 /// What the peer pushed to us.
@@ -119,11 +130,11 @@ struct Pushed {
 /// How a READ is to be carried out.
 #[derive(Debug)]
 pub(crate) enum Lookup {
-    /// Completed from pushed bytes: hand `window` bytes back to the peer.
-    Pushed { data: Vec<u8>, window: u64 },
-    /// Sent to the owner; `window` bytes (pushed bytes of that key, dropped) go back to the
-    /// peer, if any.
-    Remote { window: u64 },
+    /// Completed from pushed bytes: hand the region back to the peer (WINDOW).
+    Pushed { data: Vec<u8> },
+    /// Sent to the owner; `dropped`: bytes of that key were pushed and are now dropped (hand
+    /// them back).
+    Remote { dropped: Option<u64> },
 }
 
 /// The READ destination, filled from pushed bytes: the pushed buffer itself, so nothing is
@@ -141,7 +152,7 @@ impl Push {
         Push {
             state: Mutex::new(State {
                 closed: false,
-                outbound: Outbound { granted: theirs, left: theirs, pushed: HashSet::new() },
+                outbound: Outbound { granted: theirs, left: theirs, pushed: HashMap::new() },
                 inbound: Inbound {
                     window: ours,
                     held: 0,
@@ -174,35 +185,47 @@ impl Push {
     // ---- owner side ----
 
     /// Whether to push the region just registered: only when its whole length fits the window
-    /// the peer has left (which it then takes).
+    /// the peer has left (which it then takes), and its key is not one the peer has yet to hand
+    /// back (a key revoked and registered again).
     pub(crate) fn start_push(&self, desc: &RegionDesc) -> bool {
         let mut st = self.lock();
-        if st.closed || st.outbound.granted == 0 || desc.len > st.outbound.left {
+        if st.closed {
             return false;
         }
-        st.outbound.left -= desc.len;
-        st.outbound.pushed.insert(desc.rkey);
+        let out = &mut st.outbound;
+        if out.granted == 0 || desc.len > out.left || out.pushed.contains_key(&desc.rkey) {
+            return false;
+        }
+        out.left -= desc.len;
+        out.pushed.insert(desc.rkey, OutPushed { len: desc.len, revoked: false });
         true
     }
 
-    /// The region `rkey` was revoked: whether it had been pushed (the peer must be told).
-    pub(crate) fn forget_pushed(&self, rkey: RKey) -> bool {
-        self.lock().outbound.pushed.remove(&rkey)
+    /// The region `rkey` was revoked: whether the peer may still hold its pushed bytes (then
+    /// it must be told, once).
+    pub(crate) fn revoke_pushed(&self, rkey: RKey) -> bool {
+        match self.lock().outbound.pushed.get_mut(&rkey) {
+            Some(p) if !p.revoked => {
+                p.revoked = true;
+                true
+            }
+            _ => false,
+        }
     }
 
-    /// The peer handed `bytes` of its window back; more than we pushed is a violation.
-    pub(crate) fn window_back(&self, bytes: u64) -> Result<(), String> {
+    /// The peer handed back region `rkey` of `len` bytes; one we did not push to it (or not
+    /// with that length) is a violation.
+    pub(crate) fn window_back(&self, rkey: RKey, len: u64) -> Result<(), String> {
         let mut st = self.lock();
         let out = &mut st.outbound;
-        match out.left.checked_add(bytes) {
-            Some(left) if left <= out.granted => {
-                out.left = left;
+        match out.pushed.get(&rkey) {
+            Some(p) if p.len == len => {
+                out.pushed.remove(&rkey);
+                out.left += len;
                 Ok(())
             }
-            _ => Err(format!(
-                "peer handed back {bytes} bytes of push window with {} of {} not pushed",
-                out.left, out.granted
-            )),
+            Some(p) => Err(format!("peer handed back {len} bytes of key {rkey:#x}, pushed with {}", p.len)),
+            None => Err(format!("peer handed back key {rkey:#x}, which it does not hold")),
         }
     }
 
@@ -217,7 +240,7 @@ impl Push {
     /// A PUSH header arrived: `len` bytes of key `rkey` follow. Takes them from our window and
     /// returns an empty buffer with room for them (the spare if it fits); `Err` (a violation)
     /// if they do not fit what is left or the key is held already. `Ok(None)`: the bytes are to
-    /// be read and discarded, and the window handed back at once (our listener's connections
+    /// be read and discarded, and the region handed back at once (our listener's connections
     /// hold all the pushed bytes they may, or the connection died).
     pub(crate) fn accept(&self, rkey: RKey, len: u64) -> Result<Option<Vec<u8>>, String> {
         let mut st = self.lock();
@@ -260,9 +283,9 @@ impl Push {
         }
     }
 
-    /// The bytes of a PUSH accepted with [`Push::accept`] have arrived. Returns the bytes to
-    /// hand back at once, if they are not kept (a READ of that key is in flight to the owner,
-    /// or the connection died).
+    /// The bytes of a PUSH accepted with [`Push::accept`] have arrived. Returns their length if
+    /// they are not kept and the region is to be handed back at once (a READ of that key is in
+    /// flight to the owner).
     pub(crate) fn arrived(&self, rkey: RKey, addr: u64, data: Vec<u8>) -> Option<u64> {
         let mut st = self.lock();
         if st.closed {
@@ -278,8 +301,8 @@ impl Push {
         None
     }
 
-    /// The owner revoked `rkey`: its pushed bytes, if still here, are dropped. Returns the
-    /// bytes to hand back.
+    /// The owner revoked `rkey`: its pushed bytes, if still here, are dropped. Returns their
+    /// length (the region is to be handed back).
     pub(crate) fn revoked(&self, rkey: RKey) -> Option<u64> {
         let mut st = self.lock();
         let inb = &mut st.inbound;
@@ -294,20 +317,20 @@ impl Push {
     pub(crate) fn lookup(&self, remote: &RegionDesc) -> Lookup {
         let mut st = self.lock();
         if st.closed {
-            return Lookup::Remote { window: 0 };
+            return Lookup::Remote { dropped: None };
         }
         let inb = &mut st.inbound;
-        let mut window = 0;
+        let mut dropped = None;
         if let Some(pushed) = inb.regions.remove(&remote.rkey) {
             let len = pushed.data.len() as u64;
             inb.release(len);
             if pushed.addr == remote.addr && len == remote.len {
-                return Lookup::Pushed { data: pushed.data, window: len };
+                return Lookup::Pushed { data: pushed.data };
             }
-            window = len;
+            dropped = Some(len);
         }
         *inb.reading.entry(remote.rkey).or_insert(0) += 1;
-        Lookup::Remote { window }
+        Lookup::Remote { dropped }
     }
 
     /// A READ of `rkey` sent to the owner was answered (or never left).
@@ -349,11 +372,16 @@ mod tests {
         assert!(!p.start_push(&desc(2, 0, 41)), "does not fit the 40 left");
         assert!(p.start_push(&desc(3, 0, 40)));
         assert_eq!(p.window_left(), 0);
-        assert!(p.forget_pushed(1));
-        assert!(!p.forget_pushed(2), "never pushed");
-        p.window_back(60).unwrap();
-        assert!(p.window_back(41).is_err(), "more than was pushed");
-        p.window_back(40).unwrap();
+        assert!(p.revoke_pushed(1), "held by the peer: tell it");
+        assert!(!p.revoke_pushed(1), "told once");
+        assert!(!p.revoke_pushed(2), "never pushed");
+        assert!(!p.start_push(&desc(1, 0, 0)), "key 1 not handed back yet");
+        assert!(p.window_back(1, 59).is_err(), "not the length pushed");
+        assert!(p.window_back(2, 41).is_err(), "never pushed");
+        p.window_back(1, 60).unwrap();
+        assert!(p.window_back(1, 60).is_err(), "handed back twice");
+        p.window_back(3, 40).unwrap();
+        assert!(!p.revoke_pushed(3), "handed back already: no REVOKE needed");
         assert_eq!(p.window_left(), 100);
         let off = Push::new(0, 0, None);
         assert!(!off.start_push(&desc(1, 0, 0)), "a zero window means no push at all");
@@ -365,25 +393,23 @@ mod tests {
         p.accept(7, 4).unwrap();
         assert_eq!(p.arrived(7, 0x10, b"abcd".to_vec()), None);
         assert!(p.accept(7, 1).is_err(), "a key held is pushed again");
-        assert!(
-            matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Pushed { ref data, window: 4 } if data == b"abcd")
-        );
+        assert!(matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Pushed { ref data } if data == b"abcd"));
         assert_eq!(p.held(), 0);
         // A second READ of the key goes to the owner.
-        assert!(matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Remote { window: 0 }));
+        assert!(matches!(p.lookup(&desc(7, 0x10, 4)), Lookup::Remote { dropped: None }));
         p.read_done(7);
 
         // A READ of part of a pushed region goes to the owner and drops the pushed bytes.
         p.accept(8, 4).unwrap();
         p.arrived(8, 0x20, b"wxyz".to_vec());
-        assert!(matches!(p.lookup(&desc(8, 0x21, 2)), Lookup::Remote { window: 4 }));
+        assert!(matches!(p.lookup(&desc(8, 0x21, 2)), Lookup::Remote { dropped: Some(4) }));
         assert_eq!((p.held(), p.regions_held()), (0, 0));
     }
 
     #[test]
     fn bytes_arriving_while_their_key_is_read_remotely_are_dropped() {
         let p = Push::new(100, 0, None);
-        assert!(matches!(p.lookup(&desc(3, 0, 5)), Lookup::Remote { window: 0 }));
+        assert!(matches!(p.lookup(&desc(3, 0, 5)), Lookup::Remote { dropped: None }));
         p.accept(3, 5).unwrap();
         assert_eq!(p.arrived(3, 0, vec![0; 5]), Some(5));
         assert_eq!((p.held(), p.regions_held()), (0, 0));
@@ -437,6 +463,6 @@ mod tests {
         p.close();
         assert_eq!(p.arrived(2, 0, vec![0; 4]), None);
         assert_eq!((p.held(), p.regions_held()), (0, 0));
-        assert!(matches!(p.lookup(&desc(1, 0, 6)), Lookup::Remote { window: 0 }));
+        assert!(matches!(p.lookup(&desc(1, 0, 6)), Lookup::Remote { dropped: None }));
     }
 }

@@ -70,6 +70,7 @@ async fn a_pushed_region_is_read_without_a_request_and_the_window_comes_back() {
     assert_eq!((o.regions_pushed, o.bytes_pushed, o.reads_served), (1, desc.len, 0));
     assert_eq!(reader.push.held(), 0);
     until("the window to come back", || owner.push.window_left() == 1 << 20).await;
+    assert!(!owner.push.revoke_pushed(desc.rkey), "handed back: revoking it needs no REVOKE");
 
     // A second READ of the same key goes to the owner, which checks it as always.
     assert_eq!(read(&mut reader, 8, desc).await.expect("READ"), data);

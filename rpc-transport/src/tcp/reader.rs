@@ -89,12 +89,12 @@ impl Reader {
             Header::ReadResp { id, status, len } => self.on_read_resp(id, status, len, r).await,
             Header::Push { rkey, addr, len } => self.on_push(rkey, addr, len, r).await,
             Header::Revoke { rkey } => {
-                if let Some(bytes) = self.push.revoked(rkey) {
-                    self.window_back(bytes);
+                if let Some(len) = self.push.revoked(rkey) {
+                    self.window_back(rkey, len);
                 }
                 Ok(())
             }
-            Header::Window { bytes } => self.push.window_back(bytes).map_err(malformed),
+            Header::Window { rkey, len } => self.push.window_back(rkey, len).map_err(malformed),
         }
     }
 
@@ -114,7 +114,7 @@ impl Reader {
             if n < len {
                 return Err(malformed("truncated frame at end of stream"));
             }
-            self.window_back(len);
+            self.window_back(rkey, len);
             return Ok(());
         };
         while (data.len() as u64) < len {
@@ -124,16 +124,16 @@ impl Reader {
                 return Err(malformed("truncated frame at end of stream"));
             }
         }
-        if let Some(bytes) = self.push.arrived(rkey, addr, data) {
-            self.window_back(bytes);
+        if let Some(len) = self.push.arrived(rkey, addr, data) {
+            self.window_back(rkey, len);
         }
         Ok(())
     }
 
-    /// Hands `bytes` of the peer's push window back. If the writer is gone the endpoint is
-    /// dead already and the window no longer matters.
-    fn window_back(&self, bytes: u64) {
-        let _ = self.out.send(Outgoing::Window { bytes });
+    /// Hands the peer's pushed region `rkey` (`len` bytes) back. If the writer is gone the
+    /// endpoint is dead already and the window no longer matters.
+    fn window_back(&self, rkey: u32, len: u64) {
+        let _ = self.out.send(Outgoing::Window { rkey, len });
     }
 
     /// A SEND: read straight into the next posted receive, or keep it until one is posted.

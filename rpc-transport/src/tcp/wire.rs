@@ -19,7 +19,7 @@
 //! 3 READ_RESP  id u64 | status u8 | len u64             | len bytes (status OK only; else len 0)
 //! 4 PUSH       rkey u32 | addr u64 | len u64            | len bytes (a region's whole contents)
 //! 5 REVOKE     rkey u32
-//! 6 WINDOW     bytes u64
+//! 6 WINDOW     rkey u32 | len u64
 //! ```
 //!
 //! A READ_RESP with a non-OK status is the last frame its sender writes: it then closes the
@@ -29,10 +29,11 @@
 //! the peer has left, the owner sends PUSH with the region's bytes right away, before whatever
 //! frame advertises the region. The receiver keeps them, and a READ of exactly that region
 //! (same key, address and length) completes from them without a READ_REQ. The receiver hands
-//! the window back with WINDOW when pushed bytes are consumed or dropped. When the owner
-//! revokes a pushed region it sends REVOKE (ordered after everything before it), and the
-//! receiver drops the bytes if still unread. A PUSH beyond the window left, a second PUSH of a
-//! key still held, or a WINDOW returning more than was pushed is malformed.
+//! each pushed region back with WINDOW (its key and length, which return to the window) once,
+//! when its bytes are consumed or dropped. When the owner revokes a pushed region not yet
+//! handed back it sends REVOKE (ordered after everything before it), and the receiver drops
+//! the bytes if still unread. A PUSH beyond the window left, a second PUSH of a key still held,
+//! or a WINDOW for a region not pushed (or with another length) is malformed.
 
 use crate::soft::check_sizes;
 use crate::{ConnParams, ReadError, RegionDesc};
@@ -95,7 +96,7 @@ const READ_REQ_HEADER: usize = 8 + 8 + 8 + 4;
 const READ_RESP_HEADER: usize = 8 + 1 + 8;
 const PUSH_HEADER: usize = 4 + 8 + 8;
 const REVOKE_HEADER: usize = 4;
-const WINDOW_HEADER: usize = 8;
+const WINDOW_HEADER: usize = 4 + 8;
 /// The longest fixed header after the type byte.
 pub(crate) const MAX_HEADER: usize = READ_REQ_HEADER;
 
@@ -107,7 +108,7 @@ pub(crate) enum Header {
     ReadResp { id: u64, status: u8, len: u64 },
     Push { rkey: u32, addr: u64, len: u64 },
     Revoke { rkey: u32 },
-    Window { bytes: u64 },
+    Window { rkey: u32, len: u64 },
 }
 
 /// How many header bytes follow type byte `ty`; `None` for an unknown type.
@@ -139,7 +140,7 @@ pub(crate) fn decode_header(ty: u8, body: &[u8]) -> Option<Header> {
         T_READ_RESP => Header::ReadResp { id: u64_at(body, 0), status: body[8], len: u64_at(body, 9) },
         T_PUSH => Header::Push { rkey: u32_at(body, 0), addr: u64_at(body, 4), len: u64_at(body, 12) },
         T_REVOKE => Header::Revoke { rkey: u32_at(body, 0) },
-        _ => Header::Window { bytes: u64_at(body, 0) },
+        _ => Header::Window { rkey: u32_at(body, 0), len: u64_at(body, 4) },
     })
 }
 
@@ -185,10 +186,11 @@ pub(crate) fn encode_revoke(rkey: u32) -> [u8; 1 + REVOKE_HEADER] {
     out
 }
 
-pub(crate) fn encode_window(bytes: u64) -> [u8; 1 + WINDOW_HEADER] {
+pub(crate) fn encode_window(rkey: u32, len: u64) -> [u8; 1 + WINDOW_HEADER] {
     let mut out = [0; 1 + WINDOW_HEADER];
     out[0] = T_WINDOW;
-    out[1..].copy_from_slice(&bytes.to_le_bytes());
+    out[1..5].copy_from_slice(&rkey.to_le_bytes());
+    out[5..13].copy_from_slice(&len.to_le_bytes());
     out
 }
 
@@ -253,8 +255,8 @@ mod tests {
         assert_eq!(decode_header(push[0], &push[1..]), Some(Header::Push { rkey: 5, addr: 6, len: 7 }));
         let revoke = encode_revoke(u32::MAX);
         assert_eq!(decode_header(revoke[0], &revoke[1..]), Some(Header::Revoke { rkey: u32::MAX }));
-        let window = encode_window(1 << 40);
-        assert_eq!(decode_header(window[0], &window[1..]), Some(Header::Window { bytes: 1 << 40 }));
+        let window = encode_window(9, 1 << 40);
+        assert_eq!(decode_header(window[0], &window[1..]), Some(Header::Window { rkey: 9, len: 1 << 40 }));
         assert_eq!(header_len(0), None);
         assert_eq!(header_len(7), None);
         assert_eq!(decode_header(T_SEND, &[1, 2]), None, "short header");

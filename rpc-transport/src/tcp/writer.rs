@@ -25,8 +25,8 @@ pub(crate) enum Outgoing {
     Push { desc: RegionDesc, data: Bytes },
     /// A pushed region was revoked: the peer drops its bytes if unread.
     Revoke { rkey: RKey },
-    /// Pushed bytes of the peer's were consumed or dropped: its window back.
-    Window { bytes: u64 },
+    /// A region the peer pushed is no longer held here (consumed or dropped): its window back.
+    Window { rkey: RKey, len: u64 },
     /// Everything queued before this is written and flushed, then the endpoint dies with `death`
     /// (after a refused READ: its refusal reaches the peer before the connection closes).
     Close { death: Death },
@@ -115,7 +115,7 @@ async fn write_frame<W: AsyncWrite + Unpin>(
             write_with_payload(w, &wire::encode_push(desc.rkey, desc.addr, desc.len), &data).await?;
         }
         Outgoing::Revoke { rkey } => w.write_all(&wire::encode_revoke(rkey)).await?,
-        Outgoing::Window { bytes } => w.write_all(&wire::encode_window(bytes)).await?,
+        Outgoing::Window { rkey, len } => w.write_all(&wire::encode_window(rkey, len)).await?,
         // Handled by `write_batch`.
         Outgoing::Close { .. } => {}
     }

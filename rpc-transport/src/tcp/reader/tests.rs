@@ -190,11 +190,11 @@ fn push_frame(rkey: u32, addr: u64, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-fn windows_queued(h: &mut Harness) -> Vec<u64> {
+fn windows_queued(h: &mut Harness) -> Vec<(u32, u64)> {
     let mut back = Vec::new();
     while let Ok(frame) = h.responses.try_recv() {
-        if let Outgoing::Window { bytes } = frame {
-            back.push(bytes);
+        if let Outgoing::Window { rkey, len } = frame {
+            back.push((rkey, len));
         }
     }
     back
@@ -209,7 +209,7 @@ fn pushes_are_kept_within_the_window_and_handed_back_when_revoked() {
     input.extend(push_frame(2, 0x200, b"0123456789"));
     let death = run(&mut h, &input);
     assert!(matches!(death, Death::Closed(_)), "{death:?}");
-    assert_eq!(windows_queued(&mut h), [4], "the revoked push's window, once");
+    assert_eq!(windows_queued(&mut h), [(1, 4)], "the revoked push handed back, once");
     assert_eq!((h.reader.push.held(), h.reader.push.regions_held()), (10, 1));
 }
 
@@ -225,7 +225,7 @@ fn push_violations_are_malformed() {
         ("a huge push", wire::encode_push(5, 0, u64::MAX).to_vec()),
         ("the same key twice", twice),
         ("truncated payload", push_frame(5, 0, b"0123456789")[..25].to_vec()),
-        ("window we never granted back", wire::encode_window(1).to_vec()),
+        ("a region never pushed handed back", wire::encode_window(1, 1).to_vec()),
     ];
     for (what, input) in cases {
         let mut h = harness_with_push(1, 16, Push::new(10, 0, None));
@@ -235,17 +235,20 @@ fn push_violations_are_malformed() {
 }
 
 #[test]
-fn window_handed_back_is_accepted_up_to_what_was_pushed() {
+fn a_pushed_region_is_handed_back_once_with_its_length() {
     let push = Push::new(0, 100, None);
     assert!(push.start_push(&RegionDesc { addr: 0, len: 60, rkey: 1 }));
+    assert!(push.start_push(&RegionDesc { addr: 0, len: 40, rkey: 2 }));
     let mut h = harness_with_push(1, 16, push);
-    let mut input = wire::encode_window(50).to_vec();
-    input.extend(wire::encode_window(10));
+    let mut input = wire::encode_window(1, 60).to_vec();
+    input.extend(wire::encode_window(2, 40));
     let death = run(&mut h, &input);
     assert!(matches!(death, Death::Closed(_)), "{death:?}");
     assert_eq!(h.reader.push.window_left(), 100);
-    let death = run(&mut h, &wire::encode_window(1));
-    assert!(matches!(death, Death::Malformed(_)), "{death:?}");
+    let death = run(&mut h, &wire::encode_window(2, 40));
+    assert!(matches!(death, Death::Malformed(_)), "handed back twice: {death:?}");
+    let death = run(&mut h, &wire::encode_window(3, 0));
+    assert!(matches!(death, Death::Malformed(_)), "never pushed: {death:?}");
 }
 
 /// Frames of any type (known or not) with random header and payload bytes.
