@@ -45,6 +45,12 @@ pub struct Counters {
     pub reads_served: u64,
     /// READs the peer issued here that were refused (transport).
     pub reads_refused: u64,
+    /// Regions whose bytes were pushed to the peer at registration (tcp transport).
+    #[serde(default)]
+    pub regions_pushed: u64,
+    /// READs completed from bytes the peer pushed, without a request (tcp transport).
+    #[serde(default)]
+    pub reads_served_from_push: u64,
 }
 
 impl From<&ConnStats> for Counters {
@@ -70,6 +76,8 @@ impl From<&ConnStats> for Counters {
             recv_unexpected: t.recv_unexpected,
             reads_served: t.reads_served,
             reads_refused: t.reads_refused,
+            regions_pushed: t.regions_pushed,
+            reads_served_from_push: t.reads_served_from_push,
         }
     }
 }
@@ -77,7 +85,7 @@ impl From<&ConnStats> for Counters {
 impl Counters {
     /// Field-by-field sum.
     pub fn add(&mut self, o: &Counters) {
-        let pairs: [(&mut u64, u64); 19] = [
+        let pairs: [(&mut u64, u64); 21] = [
             (&mut self.calls_completed, o.calls_completed),
             (&mut self.eager_sent, o.eager_sent),
             (&mut self.rendezvous_sent, o.rendezvous_sent),
@@ -97,6 +105,8 @@ impl Counters {
             (&mut self.recv_unexpected, o.recv_unexpected),
             (&mut self.reads_served, o.reads_served),
             (&mut self.reads_refused, o.reads_refused),
+            (&mut self.regions_pushed, o.regions_pushed),
+            (&mut self.reads_served_from_push, o.reads_served_from_push),
         ];
         for (mine, theirs) in pairs {
             *mine += theirs;
@@ -104,7 +114,7 @@ impl Counters {
     }
 
     /// The rows printed at the end of a run: `(name, value)`.
-    pub fn rows(&self) -> [(&'static str, u64); 15] {
+    pub fn rows(&self) -> [(&'static str, u64); 17] {
         [
             ("calls completed", self.calls_completed),
             ("eager sent", self.eager_sent),
@@ -118,7 +128,9 @@ impl Counters {
             ("READs issued", self.reads_issued),
             ("READs served", self.reads_served),
             ("READs refused", self.reads_refused),
+            ("READs from push", self.reads_served_from_push),
             ("regions registered", self.regions_registered),
+            ("regions pushed", self.regions_pushed),
             ("keys revoked", self.keys_revoked),
             ("cancels", self.cancels),
         ]

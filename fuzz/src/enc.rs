@@ -302,31 +302,48 @@ impl Put for ReaderSetup {
         self.recv_size.put(out);
         self.region_len.put(out);
         self.reads.put(out);
+        self.push_window.put(out);
+        self.pushed.put(out);
     }
 }
 
 impl Put for Chunk {
     fn put(&self, out: &mut Vec<u8>) {
+        const N: u64 = 7;
         match self {
             Chunk::Raw(b) => {
-                tag(out, 0, 4);
+                tag(out, 0, N);
                 b.put(out)
             }
             Chunk::Send(len) => {
-                tag(out, 1, 4);
+                tag(out, 1, N);
                 len.put(out)
             }
             Chunk::ReadReq { id, offset, len, key_flip } => {
-                tag(out, 2, 4);
+                tag(out, 2, N);
                 id.put(out);
                 offset.put(out);
                 len.put(out);
                 key_flip.put(out);
             }
             Chunk::ReadResp { pick, status, len } => {
-                tag(out, 3, 4);
+                tag(out, 3, N);
                 pick.put(out);
                 status.put(out);
+                len.put(out);
+            }
+            Chunk::Push { key, len } => {
+                tag(out, 4, N);
+                key.put(out);
+                len.put(out);
+            }
+            Chunk::Revoke(key) => {
+                tag(out, 5, N);
+                key.put(out)
+            }
+            Chunk::Window { key, len } => {
+                tag(out, 6, N);
+                key.put(out);
                 len.put(out);
             }
         }

@@ -184,8 +184,14 @@ fn server_proto() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn tcp_reader() -> Vec<(&'static str, Vec<u8>)> {
-    let setup =
-        ReaderSetup { recv_depth: 1, recv_size: 255, region_len: 64, reads: [Some(15), Some(99), None] };
+    let setup = ReaderSetup {
+        recv_depth: 1,
+        recv_size: 255,
+        region_len: 64,
+        reads: [Some(15), Some(99), None],
+        push_window: 300,
+        pushed: 100,
+    };
     vec![
         ("send", input(&setup, &[Chunk::Send(5), Chunk::Send(200), Chunk::Send(0)])),
         (
@@ -209,15 +215,32 @@ fn tcp_reader() -> Vec<(&'static str, Vec<u8>)> {
                 ],
             ),
         ),
+        (
+            "pushes",
+            input(
+                &setup,
+                &[
+                    Chunk::Push { key: 1, len: 200 },
+                    Chunk::Push { key: 2, len: 100 },
+                    Chunk::Revoke(1),
+                    Chunk::Window { key: 0, len: None },
+                    Chunk::Push { key: 3, len: 150 },
+                    Chunk::Window { key: 1, len: Some(40) },
+                ],
+            ),
+        ),
     ]
 }
 
 fn tcp_wire() -> Vec<(&'static str, Vec<u8>)> {
     vec![
-        ("hello", tcp_encode_hello(64, 8320, b"private")),
+        ("hello", tcp_encode_hello(64, 8320, 32 << 20, b"private")),
         ("send", TcpFrame::Send { len: 77 }.encode()),
         ("read-req", TcpFrame::ReadReq { id: 1, addr: 0x1000, len: 64, rkey: 5 }.encode()),
         ("read-resp", TcpFrame::ReadResp { id: 1, status: 0, len: 64 }.encode()),
+        ("push", TcpFrame::Push { rkey: 5, addr: 0x1000, len: 64 }.encode()),
+        ("revoke", TcpFrame::Revoke { rkey: 5 }.encode()),
+        ("window", TcpFrame::Window { rkey: 5, len: 64 }.encode()),
     ]
 }
 

@@ -96,13 +96,24 @@ fn server_steps_encode_as_arbitrary_reads_them() {
 
 #[test]
 fn reader_chunks_encode_as_arbitrary_reads_them() {
-    let setup = ReaderSetup { recv_depth: 1, recv_size: 2, region_len: 3, reads: [Some(4), None, Some(5)] };
+    let setup = ReaderSetup {
+        recv_depth: 1,
+        recv_size: 2,
+        region_len: 3,
+        reads: [Some(4), None, Some(5)],
+        push_window: 6,
+        pushed: 7,
+    };
     let chunks = [
         Chunk::Raw(Blob(vec![1, 2])),
         Chunk::Send(3),
         Chunk::ReadReq { id: 1, offset: -2, len: 3, key_flip: 4 },
         Chunk::ReadResp { pick: 1, status: 2, len: Some(3) },
         Chunk::ReadResp { pick: 1, status: 0, len: None },
+        Chunk::Push { key: 8, len: 9 },
+        Chunk::Revoke(10),
+        Chunk::Window { key: 11, len: Some(12) },
+        Chunk::Window { key: 13, len: None },
     ];
     round_trips(&setup, &chunks, &mut Vec::new());
 }

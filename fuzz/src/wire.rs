@@ -61,7 +61,7 @@ pub fn tcp_wire(data: &[u8]) {
             assert!((1..=1 << 16).contains(&h.recv_depth), "{h:?}");
             assert!((1..=64 << 20).contains(&h.recv_size), "{h:?}");
             assert!(h.private_len <= MAX_PRIVATE_DATA, "{h:?}");
-            let again = tcp_encode_hello(h.recv_depth, h.recv_size, &vec![0; h.private_len]);
+            let again = tcp_encode_hello(h.recv_depth, h.recv_size, h.push_window, &vec![0; h.private_len]);
             assert_eq!(again[..TCP_HELLO_FIXED], fixed[..], "tcp hello does not re-encode to its bytes");
         }
     }
@@ -98,6 +98,10 @@ pub struct ReaderSetup {
     pub region_len: u8,
     /// Our pending READs (1 + each % 4096 bytes).
     pub reads: [Option<u16>; 3],
+    /// The push window we granted the peer (bytes).
+    pub push_window: u16,
+    /// Bytes we pushed to the peer (of a 64 KiB window it granted), which it may hand back.
+    pub pushed: u16,
 }
 
 /// A piece of the byte stream the reader is fed.
@@ -127,6 +131,22 @@ pub enum Chunk {
         /// Length announced: the READ's own when `None`.
         len: Option<u16>,
     },
+    /// A PUSH of `len` bytes under key `key` (to fit the window or not).
+    Push {
+        /// The key (few distinct ones, so that keys repeat).
+        key: u8,
+        /// Payload length.
+        len: u16,
+    },
+    /// A REVOKE of key `key`.
+    Revoke(u8),
+    /// WINDOW handing back a region of ours: key 0 is the one we pushed (`pushed` bytes).
+    Window {
+        /// The key (`% 2`).
+        key: u8,
+        /// The length: the pushed region's own when `None`.
+        len: Option<u16>,
+    },
 }
 
 /// `tcp_reader`: the reader task over an in-memory stream of frames.
@@ -142,7 +162,10 @@ pub fn tcp_reader_steps(setup: &ReaderSetup, chunks: impl IntoIterator<Item = Ch
     let recv_size = 1 + u32::from(setup.recv_size % 4096);
     let region: Vec<u8> = (0..setup.region_len).collect();
     let read_lens: Vec<u64> = setup.reads.iter().flatten().map(|&l| 1 + u64::from(l % 4096)).collect();
-    let h = TcpReaderHarness::new(1 + u32::from(setup.recv_depth % 4), recv_size, &region, &read_lens);
+    let window = u64::from(setup.push_window);
+    let h = TcpReaderHarness::new(1 + u32::from(setup.recv_depth % 4), recv_size, &region, &read_lens)
+        .with_push(window, 1 << 16, u64::from(setup.pushed));
+    let mut pushed_to_us = 0u64;
     let desc = h.region();
     let pending = h.pending_reads();
     assert_eq!(pending.len(), read_lens.len());
@@ -172,9 +195,29 @@ pub fn tcp_reader_steps(setup: &ReaderSetup, chunks: impl IntoIterator<Item = Ch
                     stream.extend((0..len).map(|i| i as u8));
                 }
             }
+            Chunk::Push { key, len } => {
+                let f = TcpFrame::Push { rkey: u32::from(key % 8), addr: 0x1000, len: u64::from(len) };
+                stream.extend(f.encode());
+                stream.extend((0..len).map(|i| i as u8));
+                pushed_to_us += u64::from(len);
+            }
+            Chunk::Revoke(key) => stream.extend(TcpFrame::Revoke { rkey: u32::from(key % 8) }.encode()),
+            Chunk::Window { key, len } => {
+                let len = len.map_or(u64::from(setup.pushed), u64::from);
+                stream.extend(TcpFrame::Window { rkey: u32::from(key % 2), len }.encode())
+            }
         }
     }
     let run = h.run(&stream);
+
+    assert!(run.push_held <= window, "{} pushed bytes held, window {window}", run.push_held);
+    assert_eq!(run.push_held_after_death, 0, "pushed bytes outlived the connection");
+    let returned: u64 = run.window_returned.iter().map(|&(_, len)| len).sum();
+    assert!(
+        returned + run.push_held <= pushed_to_us,
+        "handed back {returned} and hold {} of {pushed_to_us} pushed",
+        run.push_held
+    );
 
     let mut ids: Vec<u64> = run.reads.iter().map(|r| r.0).collect();
     ids.sort_unstable();

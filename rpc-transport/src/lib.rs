@@ -35,7 +35,9 @@
 //!
 //! * [`mem`]: in-process fabric with fault injection, for tests and docs.
 //! * [`tcp`]: for hosts without RDMA NICs. SEND is a framed message; READ is served by the peer's
-//!   transport from its registered regions after checking key, bounds and registration.
+//!   transport from its registered regions after checking key, bounds and registration, or from
+//!   the region's bytes the peer pushed at registration, within a window the reader announced
+//!   ([`ConnParams::tcp_push_window`]).
 //! * `rdma` (cargo feature `rdma`): verbs through `sideway`.
 //!
 //! Addresses name a backend: `mem://name`, `tcp://127.0.0.1:7000`, `rdma://10.0.2.15:7471`.
@@ -133,6 +135,23 @@ pub struct ConnParams {
     /// timeout off. (Liveness of a peer whose host is up but whose process hangs is the
     /// protocol's keepalive's job.)
     pub tcp_keepalive: Option<std::time::Duration>,
+    /// tcp only: how many bytes of pushed regions this side accepts to hold at once, announced
+    /// to the peer in the hello. When the peer registers a region whose whole length fits the
+    /// window it has left, its transport sends the bytes right away, ahead of the frame that
+    /// advertises the region, and our READ of exactly that region completes from them without a
+    /// round trip (see the `tcp` module). Bytes come back to the window when read or when the
+    /// peer revokes the region; a peer that pushes beyond the window fails the connection as
+    /// `Malformed`. Default 32 MiB (a 16 MiB payload with its encoding fits). Memory cost: up to
+    /// this many bytes per connection, held by the transport for regions the peer registered and
+    /// we have not read yet, on top of what the protocol above budgets for its READs. 0 disables
+    /// pushing to this side (every READ then goes to the peer).
+    pub tcp_push_window: u64,
+    /// tcp listeners only: pushed bytes (see [`ConnParams::tcp_push_window`]) that all the
+    /// connections accepted by the listener hold at once, together. A push beyond it is read
+    /// off the socket and discarded, its window handed back at once, and the READ of its region
+    /// goes to the peer as if it had not been pushed. Default 256 MiB. Memory cost: at most this
+    /// many bytes over the listener's connections (each also at most its `tcp_push_window`).
+    pub tcp_push_listener_total: u64,
     /// Bounds of the connection's memory pool ([`Connection::pool`]): default 256 MiB kept for
     /// reuse, of which at most 64 MiB of large buffers idle. On `rdma` this memory is pinned
     /// (registered); an idle connection that once moved large payloads keeps up to
@@ -220,6 +239,8 @@ impl Default for ConnParams {
             pool: PoolLimits::default(),
             key_policy: KeyPolicy::PoolKeys,
             rdma: RdmaSettings::default(),
+            tcp_push_window: 32 << 20,
+            tcp_push_listener_total: 256 << 20,
         }
     }
 }
@@ -392,6 +413,13 @@ pub struct TransportCounters {
     /// Empty completion-queue polls spent inside busy-poll windows (rdma with a busy-poll window;
     /// each is one pass of the connection's task through the runtime: its CPU cost).
     pub busy_poll_spins: u64,
+    /// Regions whose bytes this side pushed to the peer at registration (tcp only).
+    pub regions_pushed: u64,
+    /// Bytes this side pushed to the peer (tcp only).
+    pub bytes_pushed: u64,
+    /// READs this side issued that completed from bytes the peer had pushed, without a request
+    /// to the peer (tcp only; also counted in `reads_issued` and `bytes_read`).
+    pub reads_served_from_push: u64,
 }
 
 impl TransportCounters {
@@ -412,6 +440,9 @@ impl TransportCounters {
         out.mr_deregistrations += other.mr_deregistrations;
         out.bytes_outside_pool += other.bytes_outside_pool;
         out.busy_poll_spins += other.busy_poll_spins;
+        out.regions_pushed += other.regions_pushed;
+        out.bytes_pushed += other.bytes_pushed;
+        out.reads_served_from_push += other.reads_served_from_push;
         out
     }
 }

@@ -140,7 +140,10 @@ async fn read_small_region(b: Backend) {
     assert_eq!(read_done(&mut *client).await, (3, Ok(Vec::new())));
     let c = client.counters();
     assert_eq!((c.reads_issued, c.bytes_read), (3, 33));
-    assert_eq!(server.counters().reads_served, 3);
+    // tcp may have pushed the region at registration: its first whole READ is then served from
+    // the pushed bytes; the partial ones always go to the owner.
+    assert!(c.reads_served_from_push <= 1, "{c:?}");
+    assert_eq!(server.counters().reads_served + c.reads_served_from_push, 3);
 }
 
 async fn read_64_mib_region(b: Backend) {
@@ -245,7 +248,8 @@ async fn read_after_deregister(b: Backend) {
     client.post_read(2, region, vec![0; 11].into()).unwrap();
     assert_refused_then_closed(&mut *client, &mut *server, 2, ReadError::InvalidKey(region.rkey)).await;
     let s = server.counters();
-    assert_eq!((s.regions_registered, s.regions_revoked, s.reads_served, s.reads_refused), (1, 1, 1, 1));
+    let served = s.reads_served + client.counters().reads_served_from_push;
+    assert_eq!((s.regions_registered, s.regions_revoked, served, s.reads_refused), (1, 1, 1, 1));
 }
 
 async fn read_destination_must_match(b: Backend) {

@@ -12,23 +12,34 @@ use rpc_transport::{tcp, Address, Completion, ConnParams, Connection, Listener, 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// A hello as the wire format documents it: magic, version, private_len, recv_depth, recv_size.
+/// The wire version these tests speak.
+const VERSION: u16 = 2;
+/// Bytes of a hello before the private data.
+const HELLO_FIXED: usize = 24;
+
+/// A hello as the wire format documents it: magic, version, private_len, recv_depth, recv_size,
+/// push_window (0 here: the raw peer never takes pushes).
 fn hello(version: u16, recv_depth: u32, recv_size: u32, private: &[u8]) -> Vec<u8> {
     let mut h = b"RRPC".to_vec();
     h.extend_from_slice(&version.to_le_bytes());
     h.extend_from_slice(&(private.len() as u16).to_le_bytes());
     h.extend_from_slice(&recv_depth.to_le_bytes());
     h.extend_from_slice(&recv_size.to_le_bytes());
+    h.extend_from_slice(&0u64.to_le_bytes());
     h.extend_from_slice(private);
     h
 }
 
 fn good_hello(private: &[u8]) -> Vec<u8> {
-    hello(1, 4, 1024, private)
+    hello(VERSION, 4, 1024, private)
 }
 
 async fn tcp_listener() -> (Box<dyn Listener>, SocketAddr) {
-    let l = tcp::listen("127.0.0.1:0".parse().unwrap(), ConnParams::default()).await.expect("listen");
+    tcp_listener_with(ConnParams::default()).await
+}
+
+async fn tcp_listener_with(params: ConnParams) -> (Box<dyn Listener>, SocketAddr) {
+    let l = tcp::listen("127.0.0.1:0".parse().unwrap(), params).await.expect("listen");
     let Address::Tcp(addr) = l.local_addr() else { panic!("not a tcp address") };
     assert_ne!(addr.port(), 0);
     (l, addr)
@@ -69,14 +80,14 @@ async fn garbage_instead_of_hello_is_dropped() {
 #[tokio::test]
 async fn bad_hellos_are_dropped() {
     let (mut l, addr) = tcp_listener().await;
-    let mut too_much_private = hello(1, 4, 1024, &[]);
+    let mut too_much_private = hello(VERSION, 4, 1024, &[]);
     too_much_private[6..8].copy_from_slice(&300u16.to_le_bytes());
     let cases = [
         ("wrong magic", [b"XRPC".as_slice(), &good_hello(b"")[4..]].concat()),
-        ("wrong version", hello(2, 4, 1024, b"")),
-        ("zero recv_depth", hello(1, 0, 1024, b"")),
-        ("zero recv_size", hello(1, 4, 0, b"")),
-        ("huge recv_size", hello(1, 4, u32::MAX, b"")),
+        ("previous version", hello(VERSION - 1, 4, 1024, b"")),
+        ("zero recv_depth", hello(VERSION, 0, 1024, b"")),
+        ("zero recv_size", hello(VERSION, 4, 0, b"")),
+        ("huge recv_size", hello(VERSION, 4, u32::MAX, b"")),
         ("private data over 256 bytes", too_much_private),
         ("truncated hello", good_hello(b"")[..10].to_vec()),
     ];
@@ -143,7 +154,7 @@ async fn raw_after_handshake(
     let server = within("accept", l.accept()).await.expect("accept");
     assert_eq!(&server.info().peer_private_data[..], b"raw");
     // Consume the server's hello (default params: no private data).
-    let mut their_hello = [0u8; 16];
+    let mut their_hello = [0u8; HELLO_FIXED];
     raw.read_exact(&mut their_hello).await.unwrap();
     assert_eq!(&their_hello[..4], b"RRPC");
     (raw, server)
@@ -198,6 +209,59 @@ async fn unsolicited_read_response_fails_the_connection() {
     frame.extend_from_slice(b"leak");
     raw.write_all(&frame).await.unwrap();
     assert_malformed_then_closed(raw, server).await;
+}
+
+/// A PUSH frame: rkey, addr, len, then `data` (which may be shorter than `len` for a test that
+/// the receiver refuses the header before reading any payload).
+fn push_frame(rkey: u32, addr: u64, len: u64, data: &[u8]) -> Vec<u8> {
+    let mut f = vec![4u8];
+    f.extend_from_slice(&rkey.to_le_bytes());
+    f.extend_from_slice(&addr.to_le_bytes());
+    f.extend_from_slice(&len.to_le_bytes());
+    f.extend_from_slice(data);
+    f
+}
+
+/// A peer that pushes more than the window the server granted breaks the protocol: the server's
+/// end fails `Malformed` before it allocates the payload, and closes the socket.
+#[tokio::test]
+async fn push_beyond_the_granted_window_fails_the_connection() {
+    let params = ConnParams { tcp_push_window: 64, ..ConnParams::default() };
+    let cases: [(&str, Vec<u8>); 3] = [
+        ("one push over the window", push_frame(1, 0x1000, 65, &[7; 65])),
+        ("a huge push", push_frame(1, 0x1000, u64::MAX, &[])),
+        ("two pushes over the window together", {
+            let mut f = push_frame(1, 0x1000, 40, &[7; 40]);
+            f.extend(push_frame(2, 0x2000, 25, &[8; 25]));
+            f
+        }),
+    ];
+    for (what, frames) in cases {
+        eprintln!("case: {what}");
+        let (mut l, addr) = tcp_listener_with(params.clone()).await;
+        let (mut raw, server) = raw_after_handshake(&mut l, addr).await;
+        raw.write_all(&frames).await.unwrap();
+        assert_malformed_then_closed(raw, server).await;
+    }
+}
+
+/// A push within the window is fine, a second push of the same key while the first is held is
+/// not, and neither is handing back a region the server never pushed.
+#[tokio::test]
+async fn pushing_a_held_key_twice_or_handing_back_unused_window_fails_the_connection() {
+    let params = ConnParams { tcp_push_window: 64, ..ConnParams::default() };
+    let mut window_back = vec![6u8];
+    window_back.extend_from_slice(&7u32.to_le_bytes());
+    window_back.extend_from_slice(&1u64.to_le_bytes());
+    let mut twice = push_frame(9, 0x1000, 8, &[1; 8]);
+    twice.extend(push_frame(9, 0x1000, 8, &[1; 8]));
+    for (what, frames) in [("same key twice", twice), ("window nobody used", window_back)] {
+        eprintln!("case: {what}");
+        let (mut l, addr) = tcp_listener_with(params.clone()).await;
+        let (mut raw, server) = raw_after_handshake(&mut l, addr).await;
+        raw.write_all(&frames).await.unwrap();
+        assert_malformed_then_closed(raw, server).await;
+    }
 }
 
 /// A raw peer's READ with a wrong key: the refusal (status, no data) is the last frame the
@@ -270,7 +334,7 @@ async fn unanswered_reads_are_flushed_when_the_peer_goes_away() {
     let server = tokio::spawn(async move {
         let (mut s, _) = raw_server.accept().await.unwrap();
         s.write_all(&good_hello(b"")).await.unwrap();
-        let mut their_hello = [0u8; 16];
+        let mut their_hello = [0u8; HELLO_FIXED];
         s.read_exact(&mut their_hello).await.unwrap();
         let mut requests = [0u8; 2 * 29];
         s.read_exact(&mut requests).await.unwrap();

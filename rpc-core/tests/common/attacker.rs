@@ -6,7 +6,8 @@
 //! tcp framing (rpc-transport/src/tcp/wire.rs; all integers little endian):
 //!
 //! ```text
-//! hello:       magic "RRPC" | version u16 = 1 | private_len u16 | recv_depth u32 | recv_size u32 | private
+//! hello:       magic "RRPC" | version u16 = 2 | private_len u16 | recv_depth u32 | recv_size u32
+//!                | push_window u64 (0: the attacker takes no pushes) | private
 //! 1 SEND       len u32                                  | len bytes (one protocol frame)
 //! 2 READ_REQ   id u64 | addr u64 | len u64 | rkey u32
 //! 3 READ_RESP  id u64 | status u8 | len u64             | len bytes (status 0 = OK only)
@@ -33,8 +34,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 
 const TCP_MAGIC: &[u8; 4] = b"RRPC";
-const TCP_VERSION: u16 = 1;
-const TCP_HELLO_FIXED: usize = 16;
+const TCP_VERSION: u16 = 2;
+const TCP_HELLO_FIXED: usize = 24;
 const T_SEND: u8 = 1;
 const T_READ_REQ: u8 = 2;
 const T_READ_RESP: u8 = 3;
@@ -70,6 +71,9 @@ impl AttackerHello {
         out.extend_from_slice(&(private.len() as u16).to_le_bytes());
         out.extend_from_slice(&self.recv_depth.to_le_bytes());
         out.extend_from_slice(&self.recv_size.to_le_bytes());
+        // No push window: the server never pushes its regions to the attacker, which READs
+        // nothing anyway (and a 0 window is what a peer that does not know pushes would say).
+        out.extend_from_slice(&0u64.to_le_bytes());
         out.extend_from_slice(&private);
         out
     }

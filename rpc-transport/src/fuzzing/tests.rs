@@ -53,14 +53,45 @@ fn reader_harness_survives_a_read_request_flood() {
 }
 
 #[test]
+fn reader_harness_keeps_pushes_within_the_window_and_hands_window_back() {
+    let push = |rkey: u32, len: u64| {
+        let mut f = TcpFrame::Push { rkey, addr: 0x1000, len }.encode();
+        f.extend((0..len).map(|i| i as u8));
+        f
+    };
+    let mut stream = push(1, 30);
+    stream.extend(push(2, 20));
+    stream.extend(TcpFrame::Revoke { rkey: 1 }.encode());
+    stream.extend(TcpFrame::Window { rkey: 0, len: 8 }.encode()); // the region we pushed
+    let run = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&stream);
+    assert_eq!(run.malformed, None);
+    assert_eq!(run.window_returned, [(1, 30)], "the revoked push, handed back");
+    assert_eq!((run.push_held, run.push_regions_held, run.push_held_after_death), (20, 1, 0));
+
+    let over = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&push(3, 51));
+    assert!(over.malformed.is_some_and(|why| why.contains("window")));
+    for (rkey, len) in [(0, 9), (1, 8)] {
+        let wrong = TcpFrame::Window { rkey, len }.encode();
+        let run = TcpReaderHarness::new(1, 8, b"", &[]).with_push(50, 100, 8).run(&wrong);
+        assert!(run.malformed.is_some_and(|why| why.contains("handed back")), "{rkey} {len}");
+    }
+}
+
+#[test]
 fn wire_wrappers_round_trip() {
-    let hello = tcp_encode_hello(8, 4096, b"pd");
+    let hello = tcp_encode_hello(8, 4096, 77, b"pd");
     let fixed: [u8; TCP_HELLO_FIXED] = hello[..TCP_HELLO_FIXED].try_into().expect("fixed part");
-    assert_eq!(tcp_decode_hello(&fixed), Ok(TcpHello { recv_depth: 8, recv_size: 4096, private_len: 2 }));
+    assert_eq!(
+        tcp_decode_hello(&fixed),
+        Ok(TcpHello { recv_depth: 8, recv_size: 4096, push_window: 77, private_len: 2 })
+    );
     for f in [
         TcpFrame::Send { len: 9 },
         TcpFrame::ReadReq { id: 1, addr: 2, len: 3, rkey: 4 },
         TcpFrame::ReadResp { id: 5, status: 6, len: 7 },
+        TcpFrame::Push { rkey: 8, addr: 9, len: 10 },
+        TcpFrame::Revoke { rkey: 11 },
+        TcpFrame::Window { rkey: 12, len: 13 },
     ] {
         let enc = f.encode();
         assert_eq!(TcpFrame::header_len(enc[0]), Some(enc.len() - 1));

@@ -253,6 +253,22 @@ impl Soft {
         self.complete_read(op, result);
     }
 
+    /// Completes a READ at once with `data` (exactly `remote.len` bytes) that the backend already
+    /// holds (tcp: bytes the peer pushed), counted as issued and served from push.
+    pub(crate) fn read_at_once(
+        &self,
+        wr_id: WrId,
+        remote: RegionDesc,
+        data: Buf,
+    ) -> Result<(), TransportError> {
+        self.update(|st| st.read_at_once(wr_id, remote, data)).map_err(|d| d.to_error())
+    }
+
+    /// Updates counters that only the backend sees (tcp: pushes).
+    pub(crate) fn count(&self, f: impl FnOnce(&mut TransportCounters)) {
+        f(&mut self.lock().counters)
+    }
+
     /// Registers `data` for remote READ.
     pub(crate) fn register(&self, data: Bytes) -> RegionDesc {
         let mut st = self.lock();

@@ -190,6 +190,13 @@ impl State {
         Ok(self.new_op(Pending::Read { wr_id, remote, dst: Some(dst) }))
     }
 
+    pub(super) fn read_at_once(&mut self, wr_id: WrId, remote: RegionDesc, data: Buf) -> Result<(), Death> {
+        let op = self.begin_read(wr_id, remote, Buf::zeroed(0))?;
+        self.counters.reads_served_from_push += 1;
+        self.complete_read(op, Ok(data));
+        Ok(())
+    }
+
     pub(super) fn take_read(&mut self, op: OpId) -> Option<(RegionDesc, Buf)> {
         match self.pending.get_mut(&op) {
             Some(Pending::Read { remote, dst, .. }) => dst.take().map(|d| (*remote, d)),

@@ -7,6 +7,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::push::Push;
 use super::reader::Reader;
 use super::wire;
 use super::writer::Outgoing;
@@ -25,6 +26,8 @@ pub struct TcpHello {
     pub recv_depth: u32,
     /// The peer's receive buffer size.
     pub recv_size: u32,
+    /// The push window the peer grants.
+    pub push_window: u64,
     /// Bytes of private data that follow.
     pub private_len: usize,
 }
@@ -34,17 +37,18 @@ pub fn tcp_decode_hello(fixed: &[u8; TCP_HELLO_FIXED]) -> Result<TcpHello, Strin
     wire::decode_hello(fixed).map(|h| TcpHello {
         recv_depth: h.recv_depth,
         recv_size: h.recv_size,
+        push_window: h.push_window,
         private_len: h.private_len,
     })
 }
 
 /// Our tcp hello for these parameters, private data included.
-pub fn tcp_encode_hello(recv_depth: u32, recv_size: u32, private_data: &[u8]) -> Vec<u8> {
-    // `..default()`: ConnParams gains fields (handshake bounds) that the hello does not carry.
-    #[allow(clippy::needless_update)]
+pub fn tcp_encode_hello(recv_depth: u32, recv_size: u32, push_window: u64, private_data: &[u8]) -> Vec<u8> {
+    // `..default()`: ConnParams has fields (handshake bounds) that the hello does not carry.
     let params = ConnParams {
         recv_depth,
         recv_size,
+        tcp_push_window: push_window,
         private_data: Bytes::copy_from_slice(private_data),
         ..ConnParams::default()
     };
@@ -79,6 +83,27 @@ pub enum TcpFrame {
         /// Payload length.
         len: u64,
     },
+    /// A region's bytes pushed by its owner (`len` bytes follow).
+    Push {
+        /// The region's key.
+        rkey: u32,
+        /// Its first byte.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A pushed region was revoked.
+    Revoke {
+        /// The region's key.
+        rkey: u32,
+    },
+    /// A pushed region handed back (its window returns).
+    Window {
+        /// The region's key.
+        rkey: u32,
+        /// Its length.
+        len: u64,
+    },
 }
 
 impl TcpFrame {
@@ -88,6 +113,9 @@ impl TcpFrame {
             TcpFrame::Send { len } => wire::encode_send(len).to_vec(),
             TcpFrame::ReadReq { id, addr, len, rkey } => wire::encode_read_req(id, addr, len, rkey).to_vec(),
             TcpFrame::ReadResp { id, status, len } => wire::encode_read_resp(id, status, len).to_vec(),
+            TcpFrame::Push { rkey, addr, len } => wire::encode_push(rkey, addr, len).to_vec(),
+            TcpFrame::Revoke { rkey } => wire::encode_revoke(rkey).to_vec(),
+            TcpFrame::Window { rkey, len } => wire::encode_window(rkey, len).to_vec(),
         }
     }
 
@@ -102,6 +130,9 @@ impl TcpFrame {
             wire::Header::Send { len } => TcpFrame::Send { len },
             wire::Header::ReadReq { id, addr, len, rkey } => TcpFrame::ReadReq { id, addr, len, rkey },
             wire::Header::ReadResp { id, status, len } => TcpFrame::ReadResp { id, status, len },
+            wire::Header::Push { rkey, addr, len } => TcpFrame::Push { rkey, addr, len },
+            wire::Header::Revoke { rkey } => TcpFrame::Revoke { rkey },
+            wire::Header::Window { rkey, len } => TcpFrame::Window { rkey, len },
         })
     }
 }
@@ -121,6 +152,8 @@ pub struct TcpReaderHarness {
     region: Option<RegionDesc>,
     /// (wire id, wr_id, length) of each READ of ours.
     reads: Vec<(u64, u64, u64)>,
+    /// Pushes the peer may make (window set with [`TcpReaderHarness::with_push`]).
+    push: Arc<Push>,
 }
 
 /// What a run of the reader left behind.
@@ -136,6 +169,14 @@ pub struct TcpReaderRun {
     pub responses: Vec<(u64, Result<usize, u8>)>,
     /// The endpoint's counters at the end.
     pub counters: TransportCounters,
+    /// Pushed regions handed back to the peer: `(key, length)` of each WINDOW frame queued.
+    pub window_returned: Vec<(u32, u64)>,
+    /// Pushed bytes held when the stream ended (before the endpoint failed).
+    pub push_held: u64,
+    /// Pushed regions held when the stream ended.
+    pub push_regions_held: usize,
+    /// Pushed bytes held once the endpoint failed (must be 0).
+    pub push_held_after_death: u64,
 }
 
 impl TcpReaderHarness {
@@ -154,7 +195,15 @@ impl TcpReaderHarness {
                 reads.push((id, wr_id, len));
             }
         }
-        TcpReaderHarness { soft, recv_size, region, reads }
+        TcpReaderHarness { soft, recv_size, region, reads, push: Arc::new(Push::new(0, 0, None)) }
+    }
+
+    /// Lets the peer push up to `window` bytes to us, and has us push a region of `pushed` bytes
+    /// under key 0 (if it fits the `granted` window the peer gave us), which it may hand back.
+    pub fn with_push(mut self, window: u64, granted: u64, pushed: u64) -> TcpReaderHarness {
+        self.push = Arc::new(Push::new(window, granted, None));
+        self.push.start_push(&RegionDesc { addr: 0, len: pushed, rkey: 0 });
+        self
     }
 
     /// The registered region, for READ requests that should be served.
@@ -171,7 +220,7 @@ impl TcpReaderHarness {
     /// with that reason (as the tcp backend does), and collects every completion.
     pub fn run(self, stream: &[u8]) -> TcpReaderRun {
         let (out, mut rx) = mpsc::unbounded_channel();
-        let mut reader = Reader::new(self.soft.clone(), out, self.recv_size);
+        let mut reader = Reader::new(self.soft.clone(), out, self.recv_size, self.push.clone());
         // No writer to give the refusal time to leave: close at once.
         reader.close_grace = std::time::Duration::ZERO;
         let (death, responses) = RUNTIME.with(|rt| {
@@ -179,12 +228,17 @@ impl TcpReaderHarness {
                 // Plays the writer: takes each READ answer (releasing its permit).
                 let writer = tokio::spawn(async move {
                     let mut answers = Vec::new();
+                    let mut windows = Vec::new();
                     while let Some(o) = rx.recv().await {
-                        if let Outgoing::ReadResp { id, result, .. } = o {
-                            answers.push((id, result.map(|b| b.len())));
+                        match o {
+                            Outgoing::ReadResp { id, result, .. } => {
+                                answers.push((id, result.map(|b| b.len())))
+                            }
+                            Outgoing::Window { rkey, len } => windows.push((rkey, len)),
+                            _ => {}
                         }
                     }
-                    answers
+                    (answers, windows)
                 });
                 let mut r = stream;
                 let death = reader.run(&mut r).await;
@@ -192,8 +246,19 @@ impl TcpReaderHarness {
                 (death, writer.await.unwrap_or_default())
             })
         });
+        let (responses, window_returned) = responses;
+        let (push_held, push_regions_held) = (self.push.held(), self.push.regions_held());
         self.soft.fail(death.clone());
-        let mut run = TcpReaderRun { responses, ..TcpReaderRun::default() };
+        // What the tcp backend's death hook does.
+        self.push.close();
+        let mut run = TcpReaderRun {
+            responses,
+            window_returned,
+            push_held,
+            push_regions_held,
+            push_held_after_death: self.push.held(),
+            ..TcpReaderRun::default()
+        };
         if let Death::Malformed(why) = death {
             run.malformed = Some(why);
         }

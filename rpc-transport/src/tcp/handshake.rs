@@ -26,6 +26,7 @@ use crate::{ConnParams, TransportError};
 pub(crate) struct PeerHello {
     pub(crate) recv_depth: u32,
     pub(crate) recv_size: u32,
+    pub(crate) push_window: u64,
     pub(crate) private_data: Bytes,
 }
 
@@ -88,6 +89,7 @@ async fn read_hello<S: AsyncRead + Unpin>(stream: &mut S) -> Result<PeerHello, T
     Ok(PeerHello {
         recv_depth: header.recv_depth,
         recv_size: header.recv_size,
+        push_window: header.push_window,
         private_data: Bytes::from(private),
     })
 }

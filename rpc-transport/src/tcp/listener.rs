@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle};
 
 use super::accept_stream;
+use super::push::PushPool;
 use crate::soft::validate_params;
 use crate::{Address, BoxFuture, ConnParams, Connection, Listener, TransportError};
 
@@ -69,6 +70,7 @@ type AwaitingHello = Arc<Mutex<VecDeque<(u64, AbortHandle)>>>;
 
 async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sender<Box<dyn Connection>>) {
     let handshakes = Arc::new(Semaphore::new(params.max_pending_handshakes));
+    let push_pool = PushPool::new(params.tcp_push_listener_total);
     let awaiting: AwaitingHello = Arc::default();
     let mut next_id = 0u64;
     loop {
@@ -94,6 +96,7 @@ async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sende
                     stream,
                     peer,
                     params.clone(),
+                    push_pool.clone(),
                     ready.clone(),
                     permit,
                     (id, awaiting.clone()),
@@ -132,11 +135,12 @@ async fn handshake_one(
     stream: TcpStream,
     peer: SocketAddr,
     params: ConnParams,
+    push_pool: Arc<PushPool>,
     ready: mpsc::Sender<Box<dyn Connection>>,
     permit: OwnedSemaphorePermit,
     (id, awaiting): (u64, AwaitingHello),
 ) {
-    let setup = accept_stream(stream, &params, peer).await;
+    let setup = accept_stream(stream, &params, peer, push_pool).await;
     // Past the hello (or failed): no longer a candidate for eviction.
     lock(&awaiting).retain(|(i, _)| *i != id);
     match setup {

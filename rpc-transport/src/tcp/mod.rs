@@ -16,14 +16,24 @@
 //! ([`crate::ConnParams::handshake_timeout`]), and every stream gets `SO_KEEPALIVE`
 //! ([`crate::ConnParams::tcp_keepalive`]).
 //!
+//! Push (see `push.rs`): a region registered on a connection whose peer announced a push
+//! window ([`crate::ConnParams::tcp_push_window`]) is sent to the peer at once if its whole
+//! length fits what is left of that window, ahead of the frame that advertises it; the peer's
+//! READ of exactly that region then completes from those bytes, with no round trip. Keys and
+//! bounds keep their meaning: any other READ goes to the owner, and a revoked region's pushed
+//! bytes are dropped by the peer (REVOKE frame). The peer hands each region back (WINDOW frame)
+//! as it consumes or drops its bytes.
+//!
 //! Any framing violation by the peer (unknown frame type, oversized SEND, unsolicited or
-//! mis-sized READ response, truncated frame) fails the connection with
-//! [`TransportError::Malformed`]: pending operations are flushed and the socket is closed.
+//! mis-sized READ response, truncated frame, a PUSH beyond the window we granted) fails the
+//! connection with [`TransportError::Malformed`]: pending operations are flushed and the socket
+//! is closed.
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fuzzing;
 mod handshake;
 mod listener;
+mod push;
 mod reader;
 mod wire;
 mod writer;
@@ -44,6 +54,7 @@ use crate::{
     TransportError, WrId,
 };
 use handshake::PeerHello;
+use push::{Lookup, Push, PushPool};
 use writer::Outgoing;
 
 pub use listener::listen;
@@ -57,6 +68,11 @@ const IO_BUFFER: usize = 64 * 1024;
 /// the hello exchange are each bounded by [`ConnParams::handshake_timeout`] (a listener with
 /// every handshake slot taken leaves us in its backlog, unanswered, until then).
 pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Connection>, TransportError> {
+    Ok(Box::new(connect_stream(addr, params).await?))
+}
+
+/// [`connect`], unboxed.
+async fn connect_stream(addr: SocketAddr, params: ConnParams) -> Result<TcpConnection, TransportError> {
     validate_params(&params)?;
     let connect_error = |source| TransportError::Connect { addr: addr.to_string(), source };
     let mut stream = tokio::time::timeout(params.handshake_timeout, TcpStream::connect(addr))
@@ -65,7 +81,7 @@ pub async fn connect(addr: SocketAddr, params: ConnParams) -> Result<Box<dyn Con
         .map_err(connect_error)?;
     configure(&stream, &params)?;
     let (soft, hello) = handshake::client(&mut stream, &params).await?;
-    Ok(Box::new(TcpConnection::start(stream, soft, params.recv_size, hello, addr)))
+    Ok(TcpConnection::start(stream, soft, &params, hello, addr, None))
 }
 
 /// The accepting side of the handshake on a fresh stream (see `handshake.rs`): the peer's hello
@@ -74,10 +90,11 @@ async fn accept_stream(
     mut stream: TcpStream,
     params: &ConnParams,
     peer: SocketAddr,
+    push_pool: Arc<PushPool>,
 ) -> Result<TcpConnection, TransportError> {
     configure(&stream, params)?;
     let (soft, hello) = handshake::server(&mut stream, params).await?;
-    Ok(TcpConnection::start(stream, soft, params.recv_size, hello, peer))
+    Ok(TcpConnection::start(stream, soft, params, hello, peer, Some(push_pool)))
 }
 
 /// Socket options of every connection: no Nagle delay, and `SO_KEEPALIVE` as configured.
@@ -124,6 +141,7 @@ fn dead_after(idle: Duration) -> Duration {
 #[derive(Debug)]
 struct TcpConnection {
     soft: Arc<Soft>,
+    push: Arc<Push>,
     out: mpsc::UnboundedSender<Outgoing>,
     info: ConnInfo,
 }
@@ -131,15 +149,25 @@ struct TcpConnection {
 impl TcpConnection {
     /// Spawns the reader and writer tasks. They stop as soon as the endpoint dies, whoever
     /// kills it (a task, `close`, or drop); the socket is then closed.
-    fn start(stream: TcpStream, soft: Arc<Soft>, recv_size: u32, hello: PeerHello, peer: SocketAddr) -> Self {
+    fn start(
+        stream: TcpStream,
+        soft: Arc<Soft>,
+        ours: &ConnParams,
+        hello: PeerHello,
+        peer: SocketAddr,
+        push_pool: Option<Arc<PushPool>>,
+    ) -> Self {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let push = Arc::new(Push::new(ours.tcp_push_window, hello.push_window, push_pool));
+        let dead_push = push.clone();
         soft.set_on_death(move |_| {
+            dead_push.close();
             stop_tx.send_replace(true);
         });
         let (out, out_rx) = mpsc::unbounded_channel();
         let (read_half, write_half) = stream.into_split();
 
-        let mut reader = reader::Reader::new(soft.clone(), out.clone(), recv_size);
+        let mut reader = reader::Reader::new(soft.clone(), out.clone(), ours.recv_size, push.clone());
         let (reader_soft, mut stop) = (soft.clone(), stop_rx.clone());
         tokio::spawn(async move {
             let mut r = BufReader::with_capacity(IO_BUFFER, read_half);
@@ -168,7 +196,7 @@ impl TcpConnection {
             peer: peer.to_string(),
             backend: "tcp",
         };
-        TcpConnection { soft, out, info }
+        TcpConnection { soft, push, out, info }
     }
 
     /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the
@@ -202,18 +230,47 @@ impl Connection for TcpConnection {
     }
 
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
-        Ok(self.soft.register(data))
+        let desc = self.soft.register(data.clone());
+        if self.push.start_push(&desc) {
+            self.soft.count(|c| {
+                c.regions_pushed += 1;
+                c.bytes_pushed += desc.len;
+            });
+            self.queue(Outgoing::Push { desc, data });
+        }
+        Ok(desc)
     }
 
     fn deregister(&mut self, region: RegionDesc) -> Result<(), TransportError> {
-        self.soft.deregister(region.rkey)
+        self.soft.deregister(region.rkey)?;
+        if self.push.revoke_pushed(region.rkey) {
+            self.queue(Outgoing::Revoke { rkey: region.rkey });
+        }
+        Ok(())
     }
 
     fn post_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Buf) -> Result<(), TransportError> {
         self.info.check_read(&remote, dst.len())?;
-        let id = self.soft.begin_read(wr_id, remote, dst)?;
-        self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });
-        Ok(())
+        match self.push.lookup(&remote) {
+            Lookup::Pushed { data } => {
+                // The pushed bytes are the destination (read off the socket into a buffer of
+                // our pool): nothing copied; `dst` goes back to the pool.
+                self.queue(Outgoing::Window { rkey: remote.rkey, len: remote.len });
+                drop(dst);
+                self.soft.read_at_once(wr_id, remote, data)
+            }
+            Lookup::Remote { dropped } => {
+                if let Some(len) = dropped {
+                    self.queue(Outgoing::Window { rkey: remote.rkey, len });
+                }
+                let id = self
+                    .soft
+                    .begin_read(wr_id, remote, dst)
+                    .inspect_err(|_| self.push.read_done(remote.rkey))?;
+                self.queue(Outgoing::ReadReq { id, addr: remote.addr, len: remote.len, rkey: remote.rkey });
+                Ok(())
+            }
+        }
     }
 
     fn poll_completions(
@@ -240,5 +297,7 @@ impl Drop for TcpConnection {
     }
 }
 
+#[cfg(test)]
+mod push_tests;
 #[cfg(test)]
 mod tests;

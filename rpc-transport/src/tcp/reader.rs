@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{mpsc, Semaphore};
 
+use super::push::Push;
 use super::wire::{self, Header};
 use super::writer::Outgoing;
 use crate::soft::{Death, Soft};
@@ -18,6 +19,8 @@ pub(crate) struct Reader {
     pub(crate) soft: Arc<Soft>,
     pub(crate) out: mpsc::UnboundedSender<Outgoing>,
     pub(crate) recv_size: u32,
+    /// Regions the peer pushed, and the window our pushes may use.
+    pub(crate) push: Arc<Push>,
     /// Holds a message that arrived while no receive was posted.
     scratch: Vec<u8>,
     /// One permit per READ response queued and not yet written: a peer that floods READ
@@ -49,9 +52,14 @@ fn inside_frame(e: io::Error) -> Death {
 }
 
 impl Reader {
-    pub(crate) fn new(soft: Arc<Soft>, out: mpsc::UnboundedSender<Outgoing>, recv_size: u32) -> Reader {
+    pub(crate) fn new(
+        soft: Arc<Soft>,
+        out: mpsc::UnboundedSender<Outgoing>,
+        recv_size: u32,
+        push: Arc<Push>,
+    ) -> Reader {
         let response_permits = Arc::new(Semaphore::new(MAX_QUEUED_RESPONSES));
-        Reader { soft, out, recv_size, scratch: Vec::new(), response_permits, close_grace: CLOSE_GRACE }
+        Reader { soft, out, recv_size, push, scratch: Vec::new(), response_permits, close_grace: CLOSE_GRACE }
     }
 
     /// Reads and handles frames until the stream ends or the peer breaks the framing. Returns
@@ -79,7 +87,58 @@ impl Reader {
             Header::Send { len } => self.on_send(len, r).await,
             Header::ReadReq { id, addr, len, rkey } => self.on_read_req(id, addr, len, rkey).await,
             Header::ReadResp { id, status, len } => self.on_read_resp(id, status, len, r).await,
+            Header::Push { rkey, addr, len } => self.on_push(rkey, addr, len, r).await,
+            Header::Revoke { rkey } => {
+                if let Some(len) = self.push.revoked(rkey) {
+                    self.window_back(rkey, len);
+                }
+                Ok(())
+            }
+            Header::Window { rkey, len } => self.push.window_back(rkey, len).map_err(malformed),
         }
+    }
+
+    /// A region the peer pushed: must fit the window we have left; read straight into a buffer
+    /// of its own, which a READ of the region will take.
+    async fn on_push<R: AsyncRead + Unpin>(
+        &mut self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        r: &mut R,
+    ) -> Result<(), Death> {
+        let mut payload = (&mut *r).take(len);
+        if !self.push.accept(rkey, len).map_err(malformed)? {
+            // Not kept (see `Push::accept`): off the socket, and the window back at once.
+            let n = tokio::io::copy(&mut payload, &mut tokio::io::sink()).await.map_err(inside_frame)?;
+            if n < len {
+                return Err(malformed("truncated frame at end of stream"));
+            }
+            self.window_back(rkey, len);
+            return Ok(());
+        };
+        // Accepted: within our window, memory we agreed to hold, so it fits in usize. Read
+        // straight into a buffer of the connection's pool (a READ of the region takes it as is).
+        let size = usize::try_from(len).map_err(|_| malformed("pushed region too large"))?;
+        let mut data = self.soft.pool().alloc(size).map_err(|e| Death::Closed(e.to_string()))?;
+        data.set_len(size);
+        if let Err(e) = payload.read_exact(&mut data).await {
+            return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                malformed("truncated frame at end of stream")
+            } else {
+                inside_frame(e)
+            });
+        }
+        if let Some(len) = self.push.arrived(rkey, addr, data) {
+            self.window_back(rkey, len);
+        }
+        Ok(())
+    }
+
+    /// Hands the peer's pushed region `rkey` (`len` bytes) back. If the writer is gone the
+    /// endpoint is dead already and the window no longer matters.
+    fn window_back(&self, rkey: u32, len: u64) {
+        let _ = self.out.send(Outgoing::Window { rkey, len });
     }
 
     /// A SEND: read straight into the next posted receive, or keep it until one is posted.
@@ -147,6 +206,7 @@ impl Reader {
     ) -> Result<(), Death> {
         let (remote, mut dst) =
             self.soft.take_read(id).ok_or_else(|| malformed(format!("READ response for unknown id {id}")))?;
+        self.push.read_done(remote.rkey);
         if status != wire::STATUS_OK {
             let err = wire::error_of(status, &remote)
                 .ok_or_else(|| malformed(format!("unknown READ status {status}")))?;

@@ -68,6 +68,7 @@ fn raw_hello(magic: &[u8; 4], recv_depth: u32, recv_size: u32, private_len: u16)
     h.extend_from_slice(&private_len.to_le_bytes());
     h.extend_from_slice(&recv_depth.to_le_bytes());
     h.extend_from_slice(&recv_size.to_le_bytes());
+    h.extend_from_slice(&0u64.to_le_bytes()); // push window: none
     h.extend(std::iter::repeat_n(0u8, usize::from(private_len).min(crate::MAX_PRIVATE_DATA)));
     h
 }

@@ -4,8 +4,12 @@
 //! then answers with its own (see `handshake.rs`):
 //!
 //! ```text
-//! magic "RRPC" | version u16 | private_len u16 | recv_depth u32 | recv_size u32 | private_data
+//! magic "RRPC" | version u16 | private_len u16 | recv_depth u32 | recv_size u32
+//!   | push_window u64 | private_data
 //! ```
+//!
+//! `push_window` is how many pushed bytes (see PUSH below) the sender of the hello accepts to
+//! hold at once ([`crate::ConnParams::tcp_push_window`]; 0: never push to it).
 //!
 //! Then frames, each a type byte and a fixed header, some followed by a payload:
 //!
@@ -13,24 +17,38 @@
 //! 1 SEND       len u32                                  | len bytes
 //! 2 READ_REQ   id u64 | addr u64 | len u64 | rkey u32
 //! 3 READ_RESP  id u64 | status u8 | len u64             | len bytes (status OK only; else len 0)
+//! 4 PUSH       rkey u32 | addr u64 | len u64            | len bytes (a region's whole contents)
+//! 5 REVOKE     rkey u32
+//! 6 WINDOW     rkey u32 | len u64
 //! ```
 //!
 //! A READ_RESP with a non-OK status is the last frame its sender writes: it then closes the
 //! connection, and so does the receiver once it has completed the READ with its error.
+//!
+//! Push (see `push.rs`): when a region is registered and its whole length fits the push window
+//! the peer has left, the owner sends PUSH with the region's bytes right away, before whatever
+//! frame advertises the region. The receiver keeps them, and a READ of exactly that region
+//! (same key, address and length) completes from them without a READ_REQ. The receiver hands
+//! each pushed region back with WINDOW (its key and length, which return to the window) once,
+//! when its bytes are consumed or dropped. When the owner revokes a pushed region not yet
+//! handed back it sends REVOKE (ordered after everything before it), and the receiver drops
+//! the bytes if still unread. A PUSH beyond the window left, a second PUSH of a key still held,
+//! or a WINDOW for a region not pushed (or with another length) is malformed.
 
 use crate::soft::check_sizes;
 use crate::{ConnParams, ReadError, RegionDesc};
 
 pub(crate) const MAGIC: [u8; 4] = *b"RRPC";
-pub(crate) const VERSION: u16 = 1;
+pub(crate) const VERSION: u16 = 2;
 /// Bytes of the hello before the private data.
-pub(crate) const HELLO_FIXED: usize = 16;
+pub(crate) const HELLO_FIXED: usize = 24;
 
 /// What a peer announced in its hello (the private data follows on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HelloHeader {
     pub(crate) recv_depth: u32,
     pub(crate) recv_size: u32,
+    pub(crate) push_window: u64,
     pub(crate) private_len: usize,
 }
 
@@ -44,6 +62,7 @@ pub(crate) fn encode_hello(params: &ConnParams) -> Vec<u8> {
     out.extend_from_slice(&(private.len() as u16).to_le_bytes());
     out.extend_from_slice(&params.recv_depth.to_le_bytes());
     out.extend_from_slice(&params.recv_size.to_le_bytes());
+    out.extend_from_slice(&params.tcp_push_window.to_le_bytes());
     out.extend_from_slice(private);
     out
 }
@@ -60,17 +79,24 @@ pub(crate) fn decode_hello(fixed: &[u8; HELLO_FIXED]) -> Result<HelloHeader, Str
     let private_len = usize::from(u16::from_le_bytes([fixed[6], fixed[7]]));
     let recv_depth = u32_at(fixed, 8);
     let recv_size = u32_at(fixed, 12);
+    let push_window = u64_at(fixed, 16);
     check_sizes(recv_depth, recv_size, private_len)?;
-    Ok(HelloHeader { recv_depth, recv_size, private_len })
+    Ok(HelloHeader { recv_depth, recv_size, push_window, private_len })
 }
 
 pub(crate) const T_SEND: u8 = 1;
 pub(crate) const T_READ_REQ: u8 = 2;
 pub(crate) const T_READ_RESP: u8 = 3;
+pub(crate) const T_PUSH: u8 = 4;
+pub(crate) const T_REVOKE: u8 = 5;
+pub(crate) const T_WINDOW: u8 = 6;
 
 const SEND_HEADER: usize = 4;
 const READ_REQ_HEADER: usize = 8 + 8 + 8 + 4;
 const READ_RESP_HEADER: usize = 8 + 1 + 8;
+const PUSH_HEADER: usize = 4 + 8 + 8;
+const REVOKE_HEADER: usize = 4;
+const WINDOW_HEADER: usize = 4 + 8;
 /// The longest fixed header after the type byte.
 pub(crate) const MAX_HEADER: usize = READ_REQ_HEADER;
 
@@ -80,6 +106,9 @@ pub(crate) enum Header {
     Send { len: u32 },
     ReadReq { id: u64, addr: u64, len: u64, rkey: u32 },
     ReadResp { id: u64, status: u8, len: u64 },
+    Push { rkey: u32, addr: u64, len: u64 },
+    Revoke { rkey: u32 },
+    Window { rkey: u32, len: u64 },
 }
 
 /// How many header bytes follow type byte `ty`; `None` for an unknown type.
@@ -88,6 +117,9 @@ pub(crate) fn header_len(ty: u8) -> Option<usize> {
         T_SEND => Some(SEND_HEADER),
         T_READ_REQ => Some(READ_REQ_HEADER),
         T_READ_RESP => Some(READ_RESP_HEADER),
+        T_PUSH => Some(PUSH_HEADER),
+        T_REVOKE => Some(REVOKE_HEADER),
+        T_WINDOW => Some(WINDOW_HEADER),
         _ => None,
     }
 }
@@ -105,7 +137,10 @@ pub(crate) fn decode_header(ty: u8, body: &[u8]) -> Option<Header> {
             len: u64_at(body, 16),
             rkey: u32_at(body, 24),
         },
-        _ => Header::ReadResp { id: u64_at(body, 0), status: body[8], len: u64_at(body, 9) },
+        T_READ_RESP => Header::ReadResp { id: u64_at(body, 0), status: body[8], len: u64_at(body, 9) },
+        T_PUSH => Header::Push { rkey: u32_at(body, 0), addr: u64_at(body, 4), len: u64_at(body, 12) },
+        T_REVOKE => Header::Revoke { rkey: u32_at(body, 0) },
+        _ => Header::Window { rkey: u32_at(body, 0), len: u64_at(body, 4) },
     })
 }
 
@@ -132,6 +167,30 @@ pub(crate) fn encode_read_resp(id: u64, status: u8, len: u64) -> [u8; 1 + READ_R
     out[1..9].copy_from_slice(&id.to_le_bytes());
     out[9] = status;
     out[10..18].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+pub(crate) fn encode_push(rkey: u32, addr: u64, len: u64) -> [u8; 1 + PUSH_HEADER] {
+    let mut out = [0; 1 + PUSH_HEADER];
+    out[0] = T_PUSH;
+    out[1..5].copy_from_slice(&rkey.to_le_bytes());
+    out[5..13].copy_from_slice(&addr.to_le_bytes());
+    out[13..21].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+pub(crate) fn encode_revoke(rkey: u32) -> [u8; 1 + REVOKE_HEADER] {
+    let mut out = [0; 1 + REVOKE_HEADER];
+    out[0] = T_REVOKE;
+    out[1..].copy_from_slice(&rkey.to_le_bytes());
+    out
+}
+
+pub(crate) fn encode_window(rkey: u32, len: u64) -> [u8; 1 + WINDOW_HEADER] {
+    let mut out = [0; 1 + WINDOW_HEADER];
+    out[0] = T_WINDOW;
+    out[1..5].copy_from_slice(&rkey.to_le_bytes());
+    out[5..13].copy_from_slice(&len.to_le_bytes());
     out
 }
 
@@ -192,8 +251,14 @@ mod tests {
             decode_header(resp[0], &resp[1..]),
             Some(Header::ReadResp { id: 9, status: 0, len: u64::MAX })
         );
+        let push = encode_push(5, 6, 7);
+        assert_eq!(decode_header(push[0], &push[1..]), Some(Header::Push { rkey: 5, addr: 6, len: 7 }));
+        let revoke = encode_revoke(u32::MAX);
+        assert_eq!(decode_header(revoke[0], &revoke[1..]), Some(Header::Revoke { rkey: u32::MAX }));
+        let window = encode_window(9, 1 << 40);
+        assert_eq!(decode_header(window[0], &window[1..]), Some(Header::Window { rkey: 9, len: 1 << 40 }));
         assert_eq!(header_len(0), None);
-        assert_eq!(header_len(4), None);
+        assert_eq!(header_len(7), None);
         assert_eq!(decode_header(T_SEND, &[1, 2]), None, "short header");
     }
 
@@ -203,18 +268,22 @@ mod tests {
             recv_depth: 8,
             recv_size: 4096,
             private_data: Bytes::from_static(b"hi"),
+            tcp_push_window: 12345,
             ..ConnParams::default()
         };
         let hello = encode_hello(&params);
         let fixed: [u8; HELLO_FIXED] = hello[..HELLO_FIXED].try_into().unwrap();
-        assert_eq!(decode_hello(&fixed), Ok(HelloHeader { recv_depth: 8, recv_size: 4096, private_len: 2 }));
+        assert_eq!(
+            decode_hello(&fixed),
+            Ok(HelloHeader { recv_depth: 8, recv_size: 4096, push_window: 12345, private_len: 2 })
+        );
         assert_eq!(&hello[HELLO_FIXED..], b"hi");
 
         let mut bad = fixed;
         bad[0] = b'X';
         assert!(decode_hello(&bad).unwrap_err().contains("magic"));
         let mut bad = fixed;
-        bad[4] = 2;
+        bad[4] = 1;
         assert!(decode_hello(&bad).unwrap_err().contains("version"));
         let mut bad = fixed;
         bad[8..12].copy_from_slice(&0u32.to_le_bytes());
@@ -237,7 +306,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn hello_decoder_never_panics(bytes in proptest::array::uniform16(any::<u8>())) {
+        fn hello_decoder_never_panics(bytes in proptest::array::uniform24(any::<u8>())) {
             let _ = decode_hello(&bytes);
         }
 

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
+use crate::tcp::push::Push;
 use crate::tcp::wire;
 use crate::{Completion, ConnParams, RegionDesc, TransportError};
 
@@ -14,9 +15,13 @@ struct Harness {
 }
 
 fn harness(recv_depth: u32, recv_size: u32) -> Harness {
+    harness_with_push(recv_depth, recv_size, Push::new(0, 0, None))
+}
+
+fn harness_with_push(recv_depth: u32, recv_size: u32, push: Push) -> Harness {
     let soft = Soft::new(&ConnParams { recv_depth, recv_size, ..ConnParams::default() });
     let (out, responses) = mpsc::unbounded_channel();
-    let mut reader = Reader::new(soft.clone(), out, recv_size);
+    let mut reader = Reader::new(soft.clone(), out, recv_size, Arc::new(push));
     reader.close_grace = std::time::Duration::ZERO;
     Harness { reader, soft, responses }
 }
@@ -179,9 +184,76 @@ fn read_request_flood_stalls_instead_of_queueing_without_bound() {
     assert_eq!(queued, 256);
 }
 
+fn push_frame(rkey: u32, addr: u64, payload: &[u8]) -> Vec<u8> {
+    let mut f = wire::encode_push(rkey, addr, payload.len() as u64).to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
+fn windows_queued(h: &mut Harness) -> Vec<(u32, u64)> {
+    let mut back = Vec::new();
+    while let Ok(frame) = h.responses.try_recv() {
+        if let Outgoing::Window { rkey, len } = frame {
+            back.push((rkey, len));
+        }
+    }
+    back
+}
+
+#[test]
+fn pushes_are_kept_within_the_window_and_handed_back_when_revoked() {
+    let mut h = harness_with_push(1, 16, Push::new(10, 0, None));
+    let mut input = push_frame(1, 0x100, b"abcd");
+    input.extend(wire::encode_revoke(1));
+    input.extend(wire::encode_revoke(99)); // never pushed (or consumed already): nothing to do
+    input.extend(push_frame(2, 0x200, b"0123456789"));
+    let death = run(&mut h, &input);
+    assert!(matches!(death, Death::Closed(_)), "{death:?}");
+    assert_eq!(windows_queued(&mut h), [(1, 4)], "the revoked push handed back, once");
+    assert_eq!((h.reader.push.held(), h.reader.push.regions_held()), (10, 1));
+}
+
+#[test]
+fn push_violations_are_malformed() {
+    let mut twice = push_frame(5, 0, b"ab");
+    twice.extend(push_frame(5, 0, b"ab"));
+    let mut over = push_frame(5, 0, b"0123456");
+    over.extend(push_frame(6, 0, b"0123"));
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("beyond the window at once", push_frame(5, 0, &[0; 11])),
+        ("beyond the window together", over),
+        ("a huge push", wire::encode_push(5, 0, u64::MAX).to_vec()),
+        ("the same key twice", twice),
+        ("truncated payload", push_frame(5, 0, b"0123456789")[..25].to_vec()),
+        ("a region never pushed handed back", wire::encode_window(1, 1).to_vec()),
+    ];
+    for (what, input) in cases {
+        let mut h = harness_with_push(1, 16, Push::new(10, 0, None));
+        let death = run(&mut h, &input);
+        assert!(matches!(death, Death::Malformed(_)), "{what}: {death:?}");
+    }
+}
+
+#[test]
+fn a_pushed_region_is_handed_back_once_with_its_length() {
+    let push = Push::new(0, 100, None);
+    assert!(push.start_push(&RegionDesc { addr: 0, len: 60, rkey: 1 }));
+    assert!(push.start_push(&RegionDesc { addr: 0, len: 40, rkey: 2 }));
+    let mut h = harness_with_push(1, 16, push);
+    let mut input = wire::encode_window(1, 60).to_vec();
+    input.extend(wire::encode_window(2, 40));
+    let death = run(&mut h, &input);
+    assert!(matches!(death, Death::Closed(_)), "{death:?}");
+    assert_eq!(h.reader.push.window_left(), 100);
+    let death = run(&mut h, &wire::encode_window(2, 40));
+    assert!(matches!(death, Death::Malformed(_)), "handed back twice: {death:?}");
+    let death = run(&mut h, &wire::encode_window(3, 0));
+    assert!(matches!(death, Death::Malformed(_)), "never pushed: {death:?}");
+}
+
 /// Frames of any type (known or not) with random header and payload bytes.
 fn frame_soup() -> impl Strategy<Value = Vec<u8>> {
-    proptest::collection::vec((0u8..6, proptest::collection::vec(any::<u8>(), 0..48)), 0..12).prop_map(
+    proptest::collection::vec((0u8..8, proptest::collection::vec(any::<u8>(), 0..48)), 0..12).prop_map(
         |frames| frames.into_iter().flat_map(|(ty, body)| std::iter::once(ty).chain(body)).collect(),
     )
 }
@@ -197,13 +269,14 @@ proptest! {
     }
 
     #[test]
-    fn random_frames_never_panic_the_decoder(input in frame_soup(), pending in 0u64..4) {
-        let mut h = harness(2, 32);
+    fn random_frames_never_panic_the_decoder(input in frame_soup(), pending in 0u64..4, window in 0u64..64) {
+        let mut h = harness_with_push(2, 32, Push::new(window, window, None));
         let desc = h.soft.register(Bytes::from_static(b"0123456789abcdef"));
         for wr_id in 0..pending {
             h.soft.begin_read(wr_id, desc, vec![0; desc.len as usize].into()).unwrap();
         }
         let death = run(&mut h, &input);
+        prop_assert!(h.reader.push.held() <= window, "pushed bytes held beyond the window");
         // Whatever happened, the endpoint can still be failed and then reports an error.
         h.soft.fail(death);
         let (_, end) = completions(&h.soft);
