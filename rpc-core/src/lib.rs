@@ -33,16 +33,22 @@
 
 pub mod buffers;
 pub mod codec;
+pub mod context;
 mod error;
 pub mod proto;
+pub mod router;
 pub mod runtime;
 mod service;
 
+pub use context::{Context, Metadata, MetadataError};
 pub use error::{CallError, ConnectError, RemoteError, ServiceError};
 pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode};
+pub use router::{RouteCollision, Router};
 pub use rpc_macros::service;
 pub use rpc_transport as transport;
-pub use runtime::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig, ServerResources};
+pub use runtime::{
+    CallOptions, Client, ClientConfig, ConnStats, Reconnect, Server, ServerConfig, ServerResources,
+};
 pub use service::{MethodDesc, Service};
 
 #[doc(hidden)]

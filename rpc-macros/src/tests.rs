@@ -43,10 +43,11 @@ fn expansion_emits_trait_client_server_and_ids() {
         "fn get (& self , key : String) -> impl :: core :: future :: Future < Output = Option < Vec < u8 > > >",
         "fn ping (& self ,) -> impl :: core :: future :: Future < Output = () >",
         "pub struct KvClient",
-        "pub const GET : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.get\")",
+        "pub const GET : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.get(key:String)->Option<Vec<u8>>\")",
         "pub const PING",
-        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: GET , & (key ,))",
-        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: PING , & ())",
+        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: GET , \"Kv.get\" , & (key ,))",
+        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: PING , \"Kv.ping\" , & ())",
+        ":: rpc_core :: MethodDesc { name : \"get\" , full_name : \"Kv.get\" , id : KvClient :: GET }",
         "assert_unique_ids (& [KvClient :: GET , KvClient :: PING])",
         "pub struct KvServer < S >",
         "impl < S : Kv > :: rpc_core :: Service for KvServer < S >",
@@ -120,7 +121,8 @@ fn ids_hash_names_not_positions() {
             }
         ),
     );
-    let const_b = "pub const B : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.b\")";
+    let const_b =
+        "pub const B : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.b()->()\")";
     assert!(a.contains(const_b) && b.contains(const_b));
 }
 
@@ -134,7 +136,7 @@ fn raw_identifiers_are_unraw_in_names() {
             }
         ),
     );
-    assert!(out.contains("method_id (\"Kv.type\")"), "{out}");
+    assert!(out.contains("method_id (\"Kv.type()->()\")"), "{out}");
     assert!(out.contains("pub const TYPE"), "{out}");
 }
 
@@ -460,11 +462,11 @@ fn unsupported_method_signatures_are_rejected() {
         (
             quote!(
                 trait Clash {
-                    async fn write_qqrd(&self);
-                    async fn fetch_qpfhai(&self);
+                    async fn m_hdtrw(&self);
+                    async fn m_vckxa(&self);
                 }
             ),
-            "collides with that of `Clash.write_qqrd`",
+            "collides with that of `Clash.m_hdtrw`",
         ),
     ];
     for (item, expected) in cases {

@@ -11,7 +11,7 @@ use syn::{
 };
 
 use crate::errors::Errors;
-use crate::method_id::{const_name, fnv1a_32, qualified_name};
+use crate::method_id::{const_name, fnv1a_32, qualified_name, signature};
 use crate::model::{ArgDef, MethodDef};
 
 /// Client stub methods every service gets; a service method of the same name would clash.
@@ -268,7 +268,7 @@ pub(crate) fn method_names(service: &Ident, methods: &[MethodDef], errors: &mut 
             errors.at(&method.ident, msg);
         }
         let qualified = qualified_name(&service_name, &name);
-        let id = fnv1a_32(&qualified);
+        let id = fnv1a_32(&signature(&service_name, method));
         if let Some(first) = ids.insert(id, &method.ident) {
             let msg = format!(
                 "the method id of `{qualified}` ({id:#010x}) collides with that of `{}`; rename one of them",

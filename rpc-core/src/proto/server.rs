@@ -11,11 +11,11 @@ use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
 use super::error::ProtoError;
-use super::header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN};
+use super::header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN};
 use super::link::{Link, Op, Role};
 use super::rendezvous::AbandonedRead;
 use super::stats::ProtoStats;
-use super::wire::{decode_desc, encode_desc, WireError, WireErrorCode};
+use super::wire::{decode_desc, encode_desc, split_metadata, WireError, WireErrorCode};
 use super::{MethodId, Path};
 
 /// Why a handler must stop.
@@ -42,6 +42,8 @@ pub enum ServerEvent {
         timeout: Option<Duration>,
         /// How the payload travelled.
         path: Path,
+        /// The metadata the client attached (opaque bytes; empty: none).
+        metadata: Bytes,
     },
     /// Abort the handler of this call; its response would be dropped.
     Cancel {
@@ -71,6 +73,8 @@ struct Call {
     /// Budget reserved for the response when the handler started (see
     /// [`ServerProto::try_start_handler`]).
     reserved: u64,
+    /// The request's metadata, kept while its payload is READ.
+    metadata: Bytes,
 }
 
 /// The server end's state machine. See the [module docs](super) for the calling protocol.
@@ -148,6 +152,8 @@ impl ServerProto {
             return Err(ProtoError::DuplicateCall(call_id));
         }
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
+        let (metadata, body) =
+            if header.flags & FLAG_METADATA != 0 { split_metadata(body)? } else { (&[][..], body) };
         let desc = if rendezvous { Some(decode_desc(body)?) } else { None };
         if let Some(refusal) = self.refusal(desc.as_ref()) {
             if rendezvous {
@@ -166,11 +172,19 @@ impl ServerProto {
             let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
             self.deadlines.push_pruned(at, call_id, calls.len() + 1, live);
         }
-        let mut call =
-            Call { method: header.method_id, state: State::Running, timeout, deadline, reserved: 0 };
+        let metadata = Bytes::copy_from_slice(metadata);
+        let mut call = Call {
+            method: header.method_id,
+            state: State::Running,
+            timeout,
+            deadline,
+            reserved: 0,
+            metadata: Bytes::new(),
+        };
         match desc {
             Some(remote) => {
                 call.state = State::ReadingRequest;
+                call.metadata = metadata;
                 self.link.rdv.queue_read(call_id, remote);
             }
             None => {
@@ -181,6 +195,7 @@ impl ServerProto {
                     payload: Bytes::copy_from_slice(body),
                     timeout,
                     path: Path::Eager,
+                    metadata,
                 });
             }
         }
@@ -230,6 +245,7 @@ impl ServerProto {
                     payload: data,
                     timeout: call.timeout,
                     path: Path::Rendezvous,
+                    metadata: std::mem::take(&mut call.metadata),
                 });
             }
             Err(e) => {
@@ -438,6 +454,11 @@ impl ServerProto {
     /// Calls in progress.
     pub fn calls_in_flight(&self) -> usize {
         self.calls.len()
+    }
+
+    /// Largest response sent inline to this client; a larger one takes the rendezvous path.
+    pub fn eager_limit(&self) -> usize {
+        self.link.eager_limit
     }
 
     /// Our response regions the client has not yet reported READ.

@@ -22,8 +22,12 @@ use tracing::Instrument;
 use super::config::ServerConfig;
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
+use super::observe::{self, ServerOutcome};
+use crate::context::{self, Metadata};
 use crate::error::ConnectError;
-use crate::proto::{MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode};
+use crate::proto::{
+    CancelReason, MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode,
+};
 use crate::service::Service;
 
 /// A running server. Dropping it stops accepting and aborts its connections; call
@@ -65,10 +69,12 @@ impl Server {
             budget: SharedBudget::new(config.max_rendezvous_bytes),
             ..Resources::default()
         });
+        let names = service.methods().iter().map(|m| (m.id, m.full_name)).collect();
         let acceptor = Acceptor {
             listener,
             board: board.clone(),
             resources: resources.clone(),
+            names: Arc::new(names),
             service: Arc::new(service),
             handler_slots: Arc::new(Semaphore::new(config.max_concurrent_handlers)),
             config,
@@ -184,10 +190,14 @@ impl Drop for HandlerSlot {
     }
 }
 
+/// `"Service.method"` of each method id the service has.
+type MethodNames = Arc<HashMap<MethodId, &'static str>>;
+
 struct Acceptor {
     listener: Box<dyn Listener>,
     board: Arc<StatsBoard>,
     resources: Arc<Resources>,
+    names: MethodNames,
     service: Arc<dyn Service>,
     handler_slots: Arc<Semaphore>,
     config: ServerConfig,
@@ -239,6 +249,8 @@ impl Acceptor {
         let driver = ServerDriver {
             proto,
             conn,
+            peer: info.peer.as_str().into(),
+            names: self.names.clone(),
             service: self.service.clone(),
             handler_slots: self.handler_slots.clone(),
             slot_wait: None,
@@ -301,12 +313,41 @@ struct Waiting {
     method: MethodId,
     payload: Bytes,
     path: Path,
+    metadata: Bytes,
+    /// When the request arrived: its deadline and its duration count from here.
+    arrived: tokio::time::Instant,
+    timeout: Option<Duration>,
+}
+
+/// A running handler.
+struct Running {
+    abort: AbortHandle,
+    call: CallReport,
+}
+
+/// What a call's end reports (its `call` span, event and metrics).
+struct CallReport {
+    method: MethodId,
+    name: &'static str,
+    span: tracing::Span,
+    arrived: tokio::time::Instant,
+    request_bytes: usize,
+}
+
+impl CallReport {
+    fn done(&self, response: Option<(usize, Path)>, outcome: ServerOutcome) {
+        let elapsed = self.arrived.elapsed();
+        observe::server_call_done(&self.span, self.name, self.request_bytes, response, elapsed, outcome);
+    }
 }
 
 /// The task that owns one server connection and its state machine.
 struct ServerDriver {
     proto: ServerProto,
     conn: Box<dyn Connection>,
+    /// The client's address, for spans and handler contexts.
+    peer: Arc<str>,
+    names: MethodNames,
     service: Arc<dyn Service>,
     /// The server-wide handler slots (FIFO: each connection waits for at most one at a time,
     /// so no connection starves another).
@@ -319,8 +360,8 @@ struct ServerDriver {
     waiting: VecDeque<Waiting>,
     resources: Arc<Resources>,
     _open: OpenConnection,
-    /// Running handlers: their method (to learn its response size) and abort handle.
-    handlers: HashMap<u64, (MethodId, AbortHandle)>,
+    /// Running handlers: their method (to learn its response size), abort handle and span.
+    handlers: HashMap<u64, Running>,
     /// Response sizes seen per method, to reserve budget before a handler starts.
     estimates: ResponseEstimates,
     results_tx: mpsc::UnboundedSender<HandlerResult>,
@@ -391,9 +432,34 @@ impl ServerDriver {
     }
 
     fn spawn_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
-        let Waiting { call_id, method, payload, path } = req;
-        let span = tracing::debug_span!("call", call_id, method = format_args!("{method:#010x}"), %path);
-        let fut = self.service.call(method, payload);
+        let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
+        let name = self.names.get(&method).copied().unwrap_or("unknown");
+        let span = tracing::debug_span!(
+            "call",
+            method = %name,
+            call_id,
+            peer = %self.peer,
+            %path,
+            trace_id = tracing::field::Empty,
+        );
+        let request_bytes = payload.len();
+        let call = CallReport { method, name, span, arrived, request_bytes };
+        let metadata = match Metadata::decode(&metadata) {
+            Ok(m) => m,
+            Err(e) => {
+                // Answered at once, without a handler (the slot goes back when `permit` drops).
+                let err = WireError::new(WireErrorCode::BadRequest, format!("metadata: {e}"));
+                call.done(None, ServerOutcome::Failed(err.code));
+                self.proto.respond(call_id, Err(err));
+                return;
+            }
+        };
+        if let Some(trace) = metadata.get(context::TRACE_ID_KEY) {
+            call.span.record("trace_id", tracing::field::display(trace));
+        }
+        let deadline = timeout.and_then(|t| arrived.checked_add(t));
+        let ctx = context::Context::new(name, method, call_id, self.peer.clone(), deadline, metadata);
+        let fut = ctx.scope(self.service.call(method, payload));
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         let results = self.results_tx.clone();
@@ -407,21 +473,34 @@ impl ServerDriver {
             };
             let _ = results.send((call_id, result));
         };
-        let handle = tokio::spawn(task.instrument(span));
-        self.handlers.insert(call_id, (method, handle.abort_handle()));
+        let handle = tokio::spawn(task.instrument(call.span.clone()));
+        self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call });
     }
 
     fn run_events(&mut self) {
         while let Some(event) = self.proto.poll_event() {
             match event {
-                ServerEvent::Request { call_id, method, payload, path, .. } => {
+                ServerEvent::Request { call_id, method, payload, path, metadata, timeout } => {
                     self.resources.requests_waiting.fetch_add(1, Ordering::Relaxed);
-                    self.waiting.push_back(Waiting { call_id, method, payload, path });
+                    let arrived = tokio::time::Instant::now();
+                    self.waiting.push_back(Waiting {
+                        call_id,
+                        method,
+                        payload,
+                        path,
+                        metadata,
+                        arrived,
+                        timeout,
+                    });
                 }
                 ServerEvent::Cancel { call_id, reason } => {
-                    if let Some((_, h)) = self.handlers.remove(&call_id) {
-                        tracing::debug!(call_id, ?reason, "aborting handler");
-                        h.abort();
+                    if let Some(running) = self.handlers.remove(&call_id) {
+                        running.abort.abort();
+                        let outcome = match reason {
+                            CancelReason::Cancelled => ServerOutcome::Cancelled,
+                            CancelReason::DeadlineExceeded => ServerOutcome::DeadlineExceeded,
+                        };
+                        running.call.done(None, outcome);
                     } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
                         tracing::debug!(call_id, ?reason, "dropping a request that waited for a handler");
                         self.waiting.remove(i);
@@ -437,9 +516,18 @@ impl ServerDriver {
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            if let Some((method, _)) = self.handlers.remove(&call_id) {
-                if let Ok(bytes) = &result {
-                    self.estimates.observe(method, bytes.len() as u64);
+            if let Some(running) = self.handlers.remove(&call_id) {
+                match &result {
+                    Ok(bytes) => {
+                        self.estimates.observe(running.call.method, bytes.len() as u64);
+                        let path = if bytes.len() <= self.proto.eager_limit() {
+                            Path::Eager
+                        } else {
+                            Path::Rendezvous
+                        };
+                        running.call.done(Some((bytes.len(), path)), ServerOutcome::Ok);
+                    }
+                    Err(e) => running.call.done(None, ServerOutcome::Failed(e.code)),
                 }
                 self.proto.respond(call_id, result);
             }
@@ -484,8 +572,9 @@ impl ServerDriver {
 
     fn stop(&mut self) {
         self.publish_stats();
-        for (_, (_, h)) in self.handlers.drain() {
-            h.abort();
+        for (_, running) in self.handlers.drain() {
+            running.abort.abort();
+            running.call.done(None, ServerOutcome::Disconnected);
         }
         self.drop_waiting();
         self.proto.fail_all();
@@ -598,8 +687,8 @@ impl ServerDriver {
 
 impl Drop for ServerDriver {
     fn drop(&mut self) {
-        for (_, (_, h)) in self.handlers.drain() {
-            h.abort();
+        for (_, running) in self.handlers.drain() {
+            running.abort.abort();
         }
         self.drop_waiting();
     }

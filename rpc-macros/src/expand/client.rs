@@ -5,6 +5,7 @@ use quote::quote;
 use syn::ext::IdentExt;
 
 use super::Context;
+use crate::method_id::qualified_name;
 use crate::model::{MethodDef, ServiceDef};
 
 /// The client struct, its constructors and one `async fn` per service method.
@@ -55,11 +56,12 @@ fn client_method(ctx: &Context, method: &MethodDef) -> TokenStream {
     });
     let arg_names = args.iter().map(|arg| &arg.ident);
     let id = ctx.method_id_path(method);
+    let name = qualified_name(&ctx.trait_ident.unraw().to_string(), &method.name());
     let docs = client_method_docs(ctx, method);
     quote! {
         #docs
         pub async fn #ident(&self, #(#params),*) -> ::core::result::Result<#output, #krate::CallError> {
-            #krate::__private::call(&self.client, &self.opts, #id, &(#(#arg_names,)*)).await
+            #krate::__private::call(&self.client, &self.opts, #id, #name, &(#(#arg_names,)*)).await
         }
     }
 }

@@ -2,8 +2,10 @@
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::quote;
+use syn::ext::IdentExt;
 
 use super::Context;
+use crate::method_id::qualified_name;
 use crate::model::{MethodDef, ServiceDef};
 
 /// The server struct, its constructors, `Clone`/`Debug` and its `rpc_core::Service` impl.
@@ -75,7 +77,7 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
                 #service_name
             }
 
-            fn methods(&self) -> &'static [#krate::MethodDesc] {
+            fn methods(&self) -> &[#krate::MethodDesc] {
                 const METHODS: &[#krate::MethodDesc] = &[#(#descs),*];
                 METHODS
             }
@@ -104,8 +106,9 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
 fn method_desc(ctx: &Context, method: &MethodDef) -> TokenStream {
     let krate = &ctx.krate;
     let name = method.name();
+    let full_name = qualified_name(&ctx.trait_ident.unraw().to_string(), &name);
     let id = ctx.method_id_path(method);
-    quote!(#krate::MethodDesc { name: #name, id: #id })
+    quote!(#krate::MethodDesc { name: #name, full_name: #full_name, id: #id })
 }
 
 /// `KvClient::GET => { let inner = ..; serve(payload, move |(key,): (String,)| async move { .. }) }`.
