@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::error::{CallError, ServiceError};
 use crate::proto::MethodId;
+use crate::runtime::observe::{ClientMethod, MethodName};
 use crate::runtime::{CallOptions, Client};
 
 /// A method of a service, for logs, metrics, routing and introspection.
@@ -67,14 +68,14 @@ pub const fn assert_unique_ids(ids: &[MethodId]) {
     }
 }
 
-/// Client side of a generated method (`name` is `"Service.method"`): encodes `args`, calls,
-/// decodes the response. The deadline counts from here, so encoding the arguments counts
-/// against it.
+/// Client side of a generated method (`name` holds `"Service.method"` and its metric handles, a
+/// `static` of the stub): encodes `args`, calls, decodes the response. The deadline counts from
+/// here, so encoding the arguments counts against it.
 pub async fn call<Args, Resp>(
     client: &Client,
     opts: &CallOptions,
     method: MethodId,
-    name: &'static str,
+    name: &'static ClientMethod,
     args: &Args,
 ) -> Result<Resp, CallError>
 where
@@ -84,19 +85,22 @@ where
     let started = tokio::time::Instant::now();
     let payload =
         crate::codec::encode(args).map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
-    let (response, _) =
-        client.call_since(started, method, name.into(), payload, opts).await.map_err(|e| explain(e, name))?;
+    let (response, _) = client
+        .call_since(started, method, MethodName::Stub(name), payload, opts)
+        .await
+        .map_err(|e| explain(e, name))?;
     crate::codec::decode(&response).map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
 }
 
 /// An `UnknownMethod` answer names the method and the likely cause.
-fn explain(e: CallError, name: &str) -> CallError {
+fn explain(e: CallError, name: &ClientMethod) -> CallError {
     match e {
         CallError::Remote(mut r) if r.code == crate::WireErrorCode::UnknownMethod => {
             r.message = format!(
-                "{} (the server has no `{name}` with this client's signature: a different build of the \
+                "{} (the server has no `{}` with this client's signature: a different build of the \
                  service, or another service)",
-                r.message
+                r.message,
+                name.name()
             );
             CallError::Remote(r)
         }

@@ -112,7 +112,8 @@ async fn calls_errors_and_durations_are_counted_per_method_on_both_sides() {
     assert_eq!(samples("rpc_client_call_duration_seconds{method=Timer.echo}"), 3);
     assert_eq!(counter("rpc_client_errors_total{method=Timer.echo,kind=deadline_exceeded}"), 0);
     assert_eq!(counter("rpc_client_errors_total{method=Timer.sleep,kind=deadline_exceeded}"), 1);
-    assert_eq!(counter("rpc_client_errors_total{method=0xdeadbeef,kind=remote_unknown_method}"), 1);
+    assert_eq!(counter("rpc_client_errors_total{method=dynamic,kind=remote_unknown_method}"), 1);
+    assert_eq!(counter("rpc_client_calls_total{method=dynamic}"), 1, "Client::call is counted as dynamic");
     // The server counts a call when it ends: the expired handler's end may trail the client's.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while counter("rpc_server_errors_total{method=Timer.sleep,kind=deadline_exceeded}") == 0 {

@@ -38,7 +38,8 @@ pub enum ServerEvent {
         method: MethodId,
         /// The arguments' encoding.
         payload: Bytes,
-        /// The time the client allows, relative to when the request arrived.
+        /// The time the client allows, relative to when this event is delivered (for a
+        /// rendezvous request, what is left after its payload was READ).
         timeout: Option<Duration>,
         /// How the payload travelled.
         path: Path,
@@ -243,7 +244,11 @@ impl ServerProto {
                     call_id,
                     method: call.method,
                     payload: data,
-                    timeout: call.timeout,
+                    // What is left of it now that the payload is READ.
+                    timeout: call
+                        .deadline
+                        .map(|d| d.saturating_duration_since(self.link.now))
+                        .or(call.timeout),
                     path: Path::Rendezvous,
                     metadata: std::mem::take(&mut call.metadata),
                 });

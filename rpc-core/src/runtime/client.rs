@@ -1,7 +1,6 @@
 //! The client: a cloneable handle to one connection, driven by its own task; optionally
 //! reconnecting (with backoff) when the connection is lost.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -21,7 +20,7 @@ use tracing::Instrument;
 use super::config::{CallOptions, ClientConfig, Reconnect};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
-use super::observe;
+use super::observe::{self, MethodName};
 use crate::context::{self, MetadataError, TRACE_ID_KEY};
 use crate::error::{CallError, ConnectError, RemoteError};
 use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, StartError};
@@ -134,7 +133,7 @@ impl Client {
         payload: Bytes,
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
-        let name = Cow::Owned(format!("{method:#010x}"));
+        let name = MethodName::Id(method);
         self.call_since(tokio::time::Instant::now(), method, name, payload, opts).await
     }
 
@@ -145,7 +144,7 @@ impl Client {
         &self,
         started: tokio::time::Instant,
         method: MethodId,
-        name: Cow<'static, str>,
+        name: MethodName,
         payload: Bytes,
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
@@ -344,7 +343,7 @@ async fn reconnect(
 /// blocks and spawns nothing.
 struct Finish {
     span: tracing::Span,
-    name: Cow<'static, str>,
+    name: MethodName,
     request_bytes: usize,
     started: tokio::time::Instant,
     /// Set while the call is in flight: its id and the channel to send its cancel on.
@@ -355,13 +354,7 @@ struct Finish {
 impl Finish {
     fn report(&mut self, result: &Result<(Bytes, CallInfo), CallError>) {
         self.reported = true;
-        observe::client_call_done(
-            &self.span,
-            self.name.clone(),
-            self.request_bytes,
-            self.started.elapsed(),
-            result,
-        );
+        observe::client_call_done(&self.span, self.name, self.request_bytes, self.started.elapsed(), result);
     }
 }
 
@@ -371,12 +364,7 @@ impl Drop for Finish {
             let _ = commands.send(Command::Cancel { call_id });
         }
         if !self.reported {
-            observe::client_call_dropped(
-                &self.span,
-                self.name.clone(),
-                self.request_bytes,
-                self.started.elapsed(),
-            );
+            observe::client_call_dropped(&self.span, self.name, self.request_bytes, self.started.elapsed());
         }
     }
 }

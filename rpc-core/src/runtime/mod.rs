@@ -6,7 +6,7 @@ mod client;
 mod config;
 mod driver;
 mod handshake;
-mod observe;
+pub(crate) mod observe;
 mod server;
 
 pub use client::Client;

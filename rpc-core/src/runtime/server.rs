@@ -22,7 +22,7 @@ use tracing::Instrument;
 use super::config::ServerConfig;
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
-use super::observe::{self, ServerOutcome};
+use super::observe::{self, ServerMethod, ServerOutcome};
 use crate::context::{self, Metadata};
 use crate::error::ConnectError;
 use crate::proto::{
@@ -69,12 +69,13 @@ impl Server {
             budget: SharedBudget::new(config.max_rendezvous_bytes),
             ..Resources::default()
         });
-        let names = service.methods().iter().map(|m| (m.id, m.full_name)).collect();
+        let methods = service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name))).collect();
+        let names = Arc::new(MethodTable { methods, unknown: ServerMethod::new("unknown") });
         let acceptor = Acceptor {
             listener,
             board: board.clone(),
             resources: resources.clone(),
-            names: Arc::new(names),
+            names,
             service: Arc::new(service),
             handler_slots: Arc::new(Semaphore::new(config.max_concurrent_handlers)),
             config,
@@ -190,8 +191,21 @@ impl Drop for HandlerSlot {
     }
 }
 
-/// `"Service.method"` of each method id the service has.
-type MethodNames = Arc<HashMap<MethodId, &'static str>>;
+/// The name and metric handles of each method id the service has, registered at start.
+#[derive(Debug)]
+struct MethodTable {
+    methods: HashMap<MethodId, Arc<ServerMethod>>,
+    /// For ids the service does not have.
+    unknown: Arc<ServerMethod>,
+}
+
+impl MethodTable {
+    fn get(&self, id: MethodId) -> Arc<ServerMethod> {
+        self.methods.get(&id).unwrap_or(&self.unknown).clone()
+    }
+}
+
+type MethodNames = Arc<MethodTable>;
 
 struct Acceptor {
     listener: Box<dyn Listener>,
@@ -328,7 +342,7 @@ struct Running {
 /// What a call's end reports (its `call` span, event and metrics).
 struct CallReport {
     method: MethodId,
-    name: &'static str,
+    name: Arc<ServerMethod>,
     span: tracing::Span,
     arrived: tokio::time::Instant,
     request_bytes: usize,
@@ -337,7 +351,7 @@ struct CallReport {
 impl CallReport {
     fn done(&self, response: Option<(usize, Path)>, outcome: ServerOutcome) {
         let elapsed = self.arrived.elapsed();
-        observe::server_call_done(&self.span, self.name, self.request_bytes, response, elapsed, outcome);
+        observe::server_call_done(&self.span, &self.name, self.request_bytes, response, elapsed, outcome);
     }
 }
 
@@ -433,10 +447,10 @@ impl ServerDriver {
 
     fn spawn_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
-        let name = self.names.get(&method).copied().unwrap_or("unknown");
+        let name = self.names.get(method);
         let span = tracing::debug_span!(
             "call",
-            method = %name,
+            method = %name.name,
             call_id,
             peer = %self.peer,
             %path,
@@ -458,7 +472,8 @@ impl ServerDriver {
             call.span.record("trace_id", tracing::field::display(trace));
         }
         let deadline = timeout.and_then(|t| arrived.checked_add(t));
-        let ctx = context::Context::new(name, method, call_id, self.peer.clone(), deadline, metadata);
+        let ctx =
+            context::Context::new(call.name.name, method, call_id, self.peer.clone(), deadline, metadata);
         let fut = ctx.scope(self.service.call(method, payload));
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
