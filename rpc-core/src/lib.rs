@@ -14,6 +14,11 @@
 //! let v = kv.with_options(CallOptions::new().deadline(Duration::from_millis(50))).get("k".into()).await?;
 //! ```
 //!
+//! Handlers read their call's [`Context`] (peer, deadline, caller metadata) with
+//! [`context::current()`]; a [`Router`] serves several services on one server; a client
+//! reconnects with [`ClientConfig::reconnect`]; every call is traced (a `call` span per side,
+//! named by its method) and measured through the `metrics` facade (see the README).
+//!
 //! # Layers
 //! * [`proto`]: the wire protocol as a state machine (no I/O, no tokio, time passed in).
 //! * [`runtime`]: one driver task per connection that feeds the state machine from a

@@ -2,11 +2,15 @@
 //! sides, a call context with caller metadata in handlers, several services on one server, a
 //! reconnecting client, and schema mismatches refused instead of misread. Over tcp on loopback.
 
+mod common;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::attacker::{request_header, Attacker, AttackerHello, Reads, SendOutcome};
+use rpc_core::proto::{encode_request_body, WireError, FLAG_ERROR, FLAG_METADATA};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig, Reconnect, Router, Server, ServerConfig};
 use serde::{Deserialize, Serialize};
 
@@ -285,4 +289,56 @@ async fn wait_for(what: &str, cond: impl Fn() -> bool) {
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Metadata a client made badly: a section that does not decode is answered `BadRequest` (the
+/// connection carries on); a section whose length is wrong is a protocol violation (that
+/// connection is closed; other clients carry on).
+#[tokio::test]
+async fn malformed_metadata_is_a_typed_answer_or_closes_only_that_connection() {
+    let (server, addr) = serve(AdderServer::new(AdderImpl)).await;
+    let socket: std::net::SocketAddr = addr.trim_start_matches("tcp://").parse().unwrap();
+    let mut att = Attacker::connect(socket, &AttackerHello::default()).await.expect("attacker");
+    att.start_reader(Reads::Ignore);
+    let args = rpc_core::codec::encode(&(1u64, 2u64)).unwrap();
+    let bound = Duration::from_secs(5);
+
+    // A bad key ("A") inside a well-formed section.
+    let body = encode_request_body(&[1, 1, b'A', 0, 0], args.clone());
+    let id = att.call_id();
+    assert_eq!(
+        att.send(request_header(id, AdderClient::ADD, FLAG_METADATA, 0), &body, bound).await,
+        SendOutcome::Sent
+    );
+    let r = att.response(id, LIMIT).await.expect("answered");
+    assert_ne!(r.header.flags & FLAG_ERROR, 0);
+    let e = WireError::decode(&r.body);
+    assert_eq!(e.code, rpc_core::WireErrorCode::BadRequest, "{e}");
+    assert!(e.message.contains("metadata"), "{e}");
+
+    // The same connection still serves calls.
+    let id = att.call_id();
+    let body =
+        encode_request_body(&rpc_core::Metadata::new().with("user", "bob").unwrap().encode(), args.clone());
+    assert_eq!(
+        att.send(request_header(id, AdderClient::ADD, FLAG_METADATA, 0), &body, bound).await,
+        SendOutcome::Sent
+    );
+    let r = att.response(id, LIMIT).await.expect("answered");
+    assert_eq!(r.header.flags & FLAG_ERROR, 0, "{:?}", WireError::decode(&r.body));
+    assert_eq!(rpc_core::codec::decode::<u64>(&r.body).unwrap(), 3);
+
+    // A section longer than the body: the connection is closed.
+    let mut body = vec![200, 0];
+    body.extend_from_slice(&args);
+    let id = att.call_id();
+    assert_eq!(
+        att.send(request_header(id, AdderClient::ADD, FLAG_METADATA, 0), &body, bound).await,
+        SendOutcome::Sent
+    );
+    assert!(att.closed(LIMIT).await.is_some(), "a malformed section closes that connection");
+
+    let adder = AdderClient::new(connect(&addr).await);
+    assert_eq!(adder.add(2, 2).await.expect("other clients carry on"), 4);
+    server.shutdown().await;
 }

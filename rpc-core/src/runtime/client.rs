@@ -156,9 +156,8 @@ impl Client {
             trace_id = Empty,
         );
         let request_bytes = payload.len();
-        let mut finish =
-            Finish { span: span.clone(), name, request_bytes, started, cancel: None, reported: false };
-        let result = self.call_inner(started, method, payload, opts, &mut finish).instrument(span).await;
+        let mut finish = Finish { span: span.clone(), name, request_bytes, started, reported: false };
+        let result = self.call_inner(started, method, payload, opts, &finish).instrument(span).await;
         finish.report(&result);
         result
     }
@@ -169,7 +168,7 @@ impl Client {
         method: MethodId,
         payload: Bytes,
         opts: &CallOptions,
-        finish: &mut Finish,
+        finish: &Finish,
     ) -> Result<(Bytes, CallInfo), CallError> {
         let metadata = metadata_with_trace(opts, &finish.span)?;
         let conn = self.conn();
@@ -199,9 +198,9 @@ impl Client {
         if conn.commands.send(command).is_err() {
             return Err(self.not_connected());
         }
-        finish.cancel = Some((call_id, conn.commands.clone()));
+        let guard = CancelOnDrop { call_id, commands: &conn.commands, armed: true };
         let result = response.await;
-        finish.cancel = None;
+        guard.disarm();
         result.unwrap_or_else(|_| Err(CallError::Disconnected("connection driver stopped".into())))
     }
 
@@ -338,16 +337,35 @@ async fn reconnect(
     }
 }
 
-/// Reports a call's end once: by [`Finish::report`], or when its future is dropped first (the
-/// call is then cancelled at the server, if it was sent). Sending on an unbounded channel never
-/// blocks and spawns nothing.
+/// Sends a cancel for a call whose future is dropped before its response arrives. Sending on an
+/// unbounded channel never blocks and spawns nothing.
+struct CancelOnDrop<'a> {
+    call_id: u64,
+    commands: &'a mpsc::UnboundedSender<Command>,
+    armed: bool,
+}
+
+impl CancelOnDrop<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.commands.send(Command::Cancel { call_id: self.call_id });
+        }
+    }
+}
+
+/// Reports a call's end once: by [`Finish::report`], or as cancelled when its future is dropped
+/// first.
 struct Finish {
     span: tracing::Span,
     name: MethodName,
     request_bytes: usize,
     started: tokio::time::Instant,
-    /// Set while the call is in flight: its id and the channel to send its cancel on.
-    cancel: Option<(u64, mpsc::UnboundedSender<Command>)>,
     reported: bool,
 }
 
@@ -360,9 +378,6 @@ impl Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        if let Some((call_id, commands)) = self.cancel.take() {
-            let _ = commands.send(Command::Cancel { call_id });
-        }
         if !self.reported {
             observe::client_call_dropped(&self.span, self.name, self.request_bytes, self.started.elapsed());
         }
