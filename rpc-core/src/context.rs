@@ -19,6 +19,23 @@
 //! }
 //! ```
 //!
+//! Or, as in tarpc, a method may take the context as its first argument (written
+//! `rpc_core::Context`); the client stub has no such parameter:
+//!
+//! ```
+//! #[rpc_core::service]
+//! pub trait Clock {
+//!     async fn remaining_ms(&self, ctx: rpc_core::Context) -> Option<u128>;
+//! }
+//!
+//! struct MyClock;
+//! impl Clock for MyClock {
+//!     async fn remaining_ms(&self, ctx: rpc_core::Context) -> Option<u128> {
+//!         ctx.remaining().map(|d| d.as_millis())
+//!     }
+//! }
+//! ```
+//!
 //! A caller attaches metadata with [`CallOptions::metadata`](crate::CallOptions::metadata):
 //! small key-value pairs (a trace id, an auth token), bounded in count and bytes.
 //!
@@ -315,6 +332,12 @@ tokio::task_local! {
 /// clone).
 pub fn current() -> Option<Context> {
     CURRENT.try_with(Context::clone).ok()
+}
+
+/// The current call's context, for handlers that take `ctx: rpc_core::Context` (a detached one,
+/// with no deadline or metadata, when the service is called outside a server).
+pub fn current_or_detached() -> Context {
+    current().unwrap_or_else(|| Context::new("detached", 0, 0, Arc::from(""), None, Metadata::new()))
 }
 
 /// A fresh trace id: 16 hex digits, unique enough to tell traces apart (seeded per process).

@@ -342,3 +342,34 @@ async fn malformed_metadata_is_a_typed_answer_or_closes_only_that_connection() {
     assert_eq!(adder.add(2, 2).await.expect("other clients carry on"), 4);
     server.shutdown().await;
 }
+
+#[rpc_core::service]
+pub trait Greeter {
+    /// tarpc style: the handler takes its call's context first; the client stub does not.
+    async fn hello(&self, ctx: rpc_core::Context, name: String) -> String;
+}
+
+struct GreeterImpl;
+
+impl Greeter for GreeterImpl {
+    async fn hello(&self, ctx: rpc_core::Context, name: String) -> String {
+        format!("{name} via {} for {}", ctx.method(), ctx.metadata().get("user").unwrap_or("nobody"))
+    }
+}
+
+#[tokio::test]
+async fn a_handler_may_take_its_context_as_first_argument() {
+    let (server, addr) = serve(GreeterServer::new(GreeterImpl)).await;
+    let greeter = GreeterClient::new(connect(&addr).await);
+    let opts = CallOptions::new().with_metadata("user", "alice").unwrap();
+    let reply = greeter.with_options(opts).hello("bob".into()).await.expect("call");
+    assert_eq!(reply, "bob via Greeter.hello for alice");
+    server.shutdown().await;
+
+    // Called outside a server, the handler gets a detached context.
+    use rpc_core::Service;
+    let payload = rpc_core::codec::encode(&("eve".to_string(),)).unwrap();
+    let bytes = GreeterServer::new(GreeterImpl).call(GreeterClient::HELLO, payload).await.unwrap();
+    let reply: String = rpc_core::codec::decode(&bytes).unwrap();
+    assert_eq!(reply, "eve via detached for nobody");
+}

@@ -64,7 +64,12 @@ use proc_macro::TokenStream;
 /// # Supported signatures
 ///
 /// Only `async fn name(&self, arg: Type, ..) -> Type;` with owned, serde-serializable argument and
-/// result types. Compile errors, at the offending token, for: non-`async` methods; a receiver other than
+/// result types; optionally, as in tarpc, the call's context first: `async fn name(&self, ctx:
+/// rpc_core::Context, arg: Type, ..)`. It is recognised when written as `rpc_core::Context` or
+/// `rpc_core::context::Context` (with or without a leading `::`, under the `crate = ".."` path when
+/// given); the server passes it, the client stub has no such parameter, and it is not part of the
+/// method id. A bare `Context` is an ordinary argument (the macro cannot tell it from a type of
+/// yours); the context anywhere but first is a compile error. Compile errors, at the offending token, for: non-`async` methods; a receiver other than
 /// `&self`; generic traits or methods; where clauses; argument patterns other than a plain identifier;
 /// `impl Trait`; references, lifetimes (other than `'static`), `_` or `Self` in signatures; variadics;
 /// `const`/`unsafe`/`extern` methods; default bodies; associated types, consts and macros; `#[cfg]` on

@@ -70,7 +70,7 @@ mod tests {
     fn signatures_carry_argument_names_types_and_output() {
         let method = |sig: proc_macro2::TokenStream| {
             let item: syn::ItemTrait = syn::parse2(quote::quote!(trait Kv { #sig })).unwrap();
-            let def = crate::model::ServiceDef::from_trait(item).unwrap();
+            let def = crate::model::ServiceDef::from_trait(item, &syn::parse_quote!(::rpc_core)).unwrap();
             signature("Kv", &def.methods[0])
         };
         let put = method(quote::quote!(

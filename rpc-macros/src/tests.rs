@@ -524,3 +524,70 @@ fn every_name_the_client_already_has_is_rejected_at_the_method_name() {
         ),
     );
 }
+
+#[test]
+fn a_context_first_argument_is_passed_by_the_server_and_not_sent() {
+    let out = expand_ok(
+        quote!(),
+        quote! {
+            trait Kv {
+                async fn get(&self, ctx: rpc_core::Context, key: String) -> u64;
+                async fn ping(&self, cx: ::rpc_core::context::Context);
+            }
+        },
+    );
+    for expected in [
+        "fn get (& self , ctx : rpc_core :: Context , key : String)",
+        "fn ping (& self , cx : :: rpc_core :: context :: Context)",
+        "pub async fn get (& self , key : String)",
+        "pub async fn ping (& self ,)",
+        "< S as Kv > :: get (& * inner , :: rpc_core :: __private :: current_context () , key) . await",
+        "< S as Kv > :: ping (& * inner , :: rpc_core :: __private :: current_context () ,) . await",
+        "method_id (\"Kv.get(key:String)->u64\")",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn the_context_is_recognised_under_the_crate_argument_only_as_a_path() {
+    let out = expand_ok(
+        quote!(crate = "::my_rpc"),
+        quote!(
+            trait Kv {
+                async fn get(&self, ctx: my_rpc::Context);
+            }
+        ),
+    );
+    assert!(out.contains("pub async fn get (& self ,)"), "{out}");
+    // A bare `Context` may be the user's own type: it is an ordinary argument.
+    let out = expand_ok(
+        quote!(),
+        quote!(
+            trait Kv {
+                async fn get(&self, ctx: Context);
+            }
+        ),
+    );
+    assert!(out.contains("pub async fn get (& self , ctx : Context)"), "{out}");
+}
+
+#[test]
+fn the_context_must_come_first() {
+    assert_single_error(
+        quote!(
+            trait Kv {
+                async fn get(&self, key: String, ctx: rpc_core::Context);
+            }
+        ),
+        "the call context may only be the first argument after `&self`",
+    );
+    assert_single_error(
+        quote!(
+            trait Kv {
+                async fn get(&self, (a, b): rpc_core::Context);
+            }
+        ),
+        "argument patterns are not supported",
+    );
+}

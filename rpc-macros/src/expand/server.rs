@@ -119,11 +119,13 @@ fn dispatch_arm(ctx: &Context, method: &MethodDef, payload: &Ident) -> TokenStre
     let inner = Ident::new("inner", Span::mixed_site());
     let names: Vec<_> = method.args.iter().map(|arg| &arg.ident).collect();
     let types = method.args.iter().map(|arg| &arg.ty);
+    // The call's context, taken inside the handler's task (where the server put it).
+    let context = method.context.as_ref().map(|_| quote!(#krate::__private::current_context(),));
     quote! {
         #id => {
             let #inner = ::core::clone::Clone::clone(&self.inner);
             #krate::__private::serve(#payload, move |(#(#names,)*): (#(#types,)*)| async move {
-                <#s as #trait_ident>::#ident(&*#inner, #(#names),*).await
+                <#s as #trait_ident>::#ident(&*#inner, #context #(#names),*).await
             })
         }
     }
