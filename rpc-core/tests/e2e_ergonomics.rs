@@ -373,3 +373,53 @@ async fn a_handler_may_take_its_context_as_first_argument() {
     let reply: String = rpc_core::codec::decode(&bytes).unwrap();
     assert_eq!(reply, "eve via detached for nobody");
 }
+
+#[rpc_core::service]
+pub trait Bump {
+    /// Counts the call, then sleeps `millis`.
+    async fn bump(&self, millis: u64) -> u64;
+}
+
+#[derive(Clone, Default)]
+struct BumpImpl(Arc<std::sync::atomic::AtomicU64>);
+
+impl Bump for BumpImpl {
+    async fn bump(&self, millis: u64) -> u64 {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        tokio::time::sleep(Duration::from_millis(millis)).await;
+        n
+    }
+}
+
+#[tokio::test]
+async fn a_call_cut_by_a_lost_connection_is_disconnected_and_never_retried() {
+    let counter = BumpImpl::default();
+    let (server, addr) = serve(BumpServer::new(counter.clone())).await;
+    let config = ClientConfig::default()
+        .reconnect(Reconnect::default().initial_backoff(Duration::from_millis(20)))
+        .connect_timeout(Duration::from_secs(1));
+    let bump = BumpClient::new(Client::connect(&addr, config).await.expect("connect"));
+    let in_flight = tokio::spawn({
+        let bump = bump.clone();
+        async move { bump.bump(60_000).await }
+    });
+    wait_for("the handler to start", || counter.0.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    drop(server); // not graceful: the connection is cut under the call
+    let cut = tokio::time::timeout(LIMIT, in_flight).await.expect("bounded").expect("task");
+    assert!(matches!(cut, Err(CallError::Disconnected(_))), "may or may not have run: {cut:?}");
+
+    let restarted = tokio::time::timeout(LIMIT, async {
+        loop {
+            match Server::bind(&addr, ServerConfig::default(), BumpServer::new(counter.clone())).await {
+                Ok(s) => return s,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("rebind the same port");
+    wait_for("the client to reconnect", || bump.client().is_connected()).await;
+    assert_eq!(counter.0.load(std::sync::atomic::Ordering::SeqCst), 1, "the cut call was not retried");
+    assert_eq!(bump.bump(0).await.expect("a new call runs"), 2);
+    restarted.shutdown().await;
+}
