@@ -51,9 +51,31 @@ struct Conn {
     in_flight: Semaphore,
 }
 
+/// Where a client's connection is: fixed for its life, or replaced by the reconnect task.
+enum Slot {
+    Fixed(Arc<Conn>),
+    Reconnecting(Arc<RwLock<Arc<Conn>>>),
+}
+
+/// The connection a call goes over: borrowed when it is fixed (no lock, no reference count).
+enum ConnRef<'a> {
+    Fixed(&'a Conn),
+    Current(Arc<Conn>),
+}
+
+impl std::ops::Deref for ConnRef<'_> {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        match self {
+            ConnRef::Fixed(c) => c,
+            ConnRef::Current(c) => c,
+        }
+    }
+}
+
 struct Shared {
-    /// The connection calls go over; replaced by the reconnect task after a loss.
-    current: Arc<RwLock<Arc<Conn>>>,
+    /// The connection calls go over.
+    slot: Slot,
     default_deadline: Option<Duration>,
     peer: String,
     reconnecting: bool,
@@ -88,15 +110,18 @@ impl Client {
     pub async fn connect(addr: &str, config: ClientConfig) -> Result<Client, ConnectError> {
         let addr: Address = addr.parse()?;
         let (conn, done, peer) = open(&addr, &config).await?;
-        let current = Arc::new(RwLock::new(conn));
-        let stop = config.reconnect.map(|policy| {
-            let (stop, stopped) = oneshot::channel();
-            let task = reconnect(addr, config.clone(), policy, current.clone(), done, stopped);
-            tokio::spawn(task.instrument(tracing::info_span!("reconnect", peer = %peer)));
-            stop
-        });
+        let (slot, stop) = match config.reconnect {
+            None => (Slot::Fixed(conn), None),
+            Some(policy) => {
+                let current = Arc::new(RwLock::new(conn));
+                let (stop, stopped) = oneshot::channel();
+                let task = reconnect(addr, config.clone(), policy, current.clone(), done, stopped);
+                tokio::spawn(task.instrument(tracing::info_span!("reconnect", peer = %peer)));
+                (Slot::Reconnecting(current), Some(stop))
+            }
+        };
         let shared = Shared {
-            current,
+            slot,
             default_deadline: config.default_deadline,
             peer,
             reconnecting: config.reconnect.is_some(),
@@ -105,8 +130,13 @@ impl Client {
         Ok(Client { shared: Arc::new(shared) })
     }
 
-    fn conn(&self) -> Arc<Conn> {
-        self.shared.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    fn conn(&self) -> ConnRef<'_> {
+        match &self.shared.slot {
+            Slot::Fixed(conn) => ConnRef::Fixed(conn),
+            Slot::Reconnecting(current) => {
+                ConnRef::Current(current.read().unwrap_or_else(|e| e.into_inner()).clone())
+            }
+        }
     }
 
     /// Whether the connection is up (a reconnecting client may be between connections).

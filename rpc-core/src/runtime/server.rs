@@ -69,7 +69,8 @@ impl Server {
             budget: SharedBudget::new(config.max_rendezvous_bytes),
             ..Resources::default()
         });
-        let methods = service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name))).collect();
+        let mut methods: Vec<_> = service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name))).collect();
+        methods.sort_unstable_by_key(|(id, _)| *id);
         let names = Arc::new(MethodTable { methods, unknown: ServerMethod::new("unknown") });
         let acceptor = Acceptor {
             listener,
@@ -194,14 +195,18 @@ impl Drop for HandlerSlot {
 /// The name and metric handles of each method id the service has, registered at start.
 #[derive(Debug)]
 struct MethodTable {
-    methods: HashMap<MethodId, Arc<ServerMethod>>,
+    /// Sorted by id (a binary search: no hashing per call).
+    methods: Vec<(MethodId, Arc<ServerMethod>)>,
     /// For ids the service does not have.
     unknown: Arc<ServerMethod>,
 }
 
 impl MethodTable {
     fn get(&self, id: MethodId) -> Arc<ServerMethod> {
-        self.methods.get(&id).unwrap_or(&self.unknown).clone()
+        match self.methods.binary_search_by_key(&id, |(m, _)| *m) {
+            Ok(i) => self.methods[i].1.clone(),
+            Err(_) => self.unknown.clone(),
+        }
     }
 }
 
@@ -349,8 +354,9 @@ struct CallReport {
 }
 
 impl CallReport {
-    fn done(&self, response: Option<(usize, Path)>, outcome: ServerOutcome) {
-        let elapsed = self.arrived.elapsed();
+    /// Reports the call's end at `now` (read once per batch of events by the caller).
+    fn done(&self, now: tokio::time::Instant, response: Option<(usize, Path)>, outcome: ServerOutcome) {
+        let elapsed = now.saturating_duration_since(self.arrived);
         observe::server_call_done(&self.span, &self.name, self.request_bytes, response, elapsed, outcome);
     }
 }
@@ -463,7 +469,7 @@ impl ServerDriver {
             Err(e) => {
                 // Answered at once, without a handler (the slot goes back when `permit` drops).
                 let err = WireError::new(WireErrorCode::BadRequest, format!("metadata: {e}"));
-                call.done(None, ServerOutcome::Failed(err.code));
+                call.done(arrived, None, ServerOutcome::Failed(err.code));
                 self.proto.respond(call_id, Err(err));
                 return;
             }
@@ -493,11 +499,14 @@ impl ServerDriver {
     }
 
     fn run_events(&mut self) {
+        // The clock is read at most once per batch of events.
+        let mut now = None;
+        let mut now = || *now.get_or_insert_with(tokio::time::Instant::now);
         while let Some(event) = self.proto.poll_event() {
             match event {
                 ServerEvent::Request { call_id, method, payload, path, metadata, timeout } => {
                     self.resources.requests_waiting.fetch_add(1, Ordering::Relaxed);
-                    let arrived = tokio::time::Instant::now();
+                    let arrived = now();
                     self.waiting.push_back(Waiting {
                         call_id,
                         method,
@@ -515,7 +524,7 @@ impl ServerDriver {
                             CancelReason::Cancelled => ServerOutcome::Cancelled,
                             CancelReason::DeadlineExceeded => ServerOutcome::DeadlineExceeded,
                         };
-                        running.call.done(None, outcome);
+                        running.call.done(now(), None, outcome);
                     } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
                         tracing::debug!(call_id, ?reason, "dropping a request that waited for a handler");
                         self.waiting.remove(i);
@@ -528,6 +537,8 @@ impl ServerDriver {
 
     fn poll_results(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
+        let mut now = None;
+        let mut now = || *now.get_or_insert_with(tokio::time::Instant::now);
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
@@ -540,9 +551,9 @@ impl ServerDriver {
                         } else {
                             Path::Rendezvous
                         };
-                        running.call.done(Some((bytes.len(), path)), ServerOutcome::Ok);
+                        running.call.done(now(), Some((bytes.len(), path)), ServerOutcome::Ok);
                     }
-                    Err(e) => running.call.done(None, ServerOutcome::Failed(e.code)),
+                    Err(e) => running.call.done(now(), None, ServerOutcome::Failed(e.code)),
                 }
                 self.proto.respond(call_id, result);
             }
@@ -589,7 +600,7 @@ impl ServerDriver {
         self.publish_stats();
         for (_, running) in self.handlers.drain() {
             running.abort.abort();
-            running.call.done(None, ServerOutcome::Disconnected);
+            running.call.done(tokio::time::Instant::now(), None, ServerOutcome::Disconnected);
         }
         self.drop_waiting();
         self.proto.fail_all();
