@@ -69,7 +69,8 @@ impl Server {
             budget: SharedBudget::new(config.max_rendezvous_bytes),
             ..Resources::default()
         });
-        let mut methods: Vec<_> = service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name))).collect();
+        let mut methods: Vec<_> =
+            service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name))).collect();
         methods.sort_unstable_by_key(|(id, _)| *id);
         let names = Arc::new(MethodTable { methods, unknown: ServerMethod::new("unknown") });
         let acceptor = Acceptor {
