@@ -45,7 +45,6 @@
 //! spans record it as `trace_id`, so one id follows a request through every service it touches.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -340,12 +339,23 @@ pub fn current_or_detached() -> Context {
     current().unwrap_or_else(|| Context::new("detached", 0, 0, Arc::from(""), None, Metadata::new()))
 }
 
-/// A fresh trace id: 16 hex digits, unique enough to tell traces apart (seeded per process).
+/// A fresh trace id: 16 hex digits, unique enough to tell traces apart: a per-process seed (the
+/// clock and an address, so two processes differ) and a counter, mixed by splitmix64. (Not the
+/// standard library's hasher: using it here would change how the protocol's hash maps inline.)
 pub(crate) fn new_trace_id() -> String {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    format!("{:016x}", hasher.finish())
+    let seed = *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        nanos ^ (&COUNTER as *const AtomicU64 as u64).rotate_left(32) ^ u64::from(std::process::id())
+    });
+    let mut z =
+        seed.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    format!("{:016x}", z ^ (z >> 31))
 }
 
 #[cfg(test)]

@@ -25,7 +25,6 @@
 //! names never share one in practice; two that do (the same service added twice, or a 32-bit
 //! hash collision) are refused by [`Router::add_service`] with a [`RouteCollision`] naming both methods.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -40,8 +39,8 @@ use crate::service::{unknown_method, MethodDesc, Service};
 #[derive(Default)]
 pub struct Router {
     services: Vec<Arc<dyn Service>>,
-    /// Method id to index in `services`.
-    routes: HashMap<MethodId, usize>,
+    /// Method id to index in `services`, sorted by id (a binary search per call).
+    routes: Vec<(MethodId, usize)>,
     methods: Vec<MethodDesc>,
 }
 
@@ -73,19 +72,25 @@ impl Router {
     /// Adds `service`, or refuses it (nothing added) if one of its method ids is already routed.
     pub fn add_service<S: Service>(mut self, service: S) -> Result<Self, RouteCollision> {
         let index = self.services.len();
-        let mut own = HashMap::new();
+        let mut own: Vec<(MethodId, &'static str)> = Vec::new();
         for m in service.methods() {
-            let first =
-                self.routes.get(&m.id).map(|&i| self.full_name(i, m.id)).or_else(|| own.get(&m.id).copied());
+            let routed = self.route(m.id).map(|i| self.full_name(i, m.id));
+            let first = routed.or_else(|| own.iter().find(|(id, _)| *id == m.id).map(|(_, name)| *name));
             if let Some(first) = first {
                 return Err(RouteCollision { id: m.id, first, second: m.full_name });
             }
-            own.insert(m.id, m.full_name);
+            own.push((m.id, m.full_name));
         }
         self.methods.extend_from_slice(service.methods());
-        self.routes.extend(own.into_keys().map(|id| (id, index)));
+        self.routes.extend(own.into_iter().map(|(id, _)| (id, index)));
+        self.routes.sort_unstable_by_key(|(id, _)| *id);
         self.services.push(Arc::new(service));
         Ok(self)
+    }
+
+    /// The index of the service that has `method`.
+    fn route(&self, method: MethodId) -> Option<usize> {
+        self.routes.binary_search_by_key(&method, |(id, _)| *id).ok().map(|i| self.routes[i].1)
     }
 
     fn full_name(&self, index: usize, id: MethodId) -> &'static str {
@@ -104,8 +109,8 @@ impl Service for Router {
     }
 
     fn call(&self, method: MethodId, payload: Bytes) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
-        match self.routes.get(&method) {
-            Some(&i) => self.services[i].call(method, payload),
+        match self.route(method) {
+            Some(i) => self.services[i].call(method, payload),
             None => unknown_method("router", method),
         }
     }
