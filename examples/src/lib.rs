@@ -3,6 +3,13 @@
 //! Values are `bytes::Bytes`: serde encodes them as one length-prefixed byte string (a single
 //! copy), where a `Vec<u8>` would be encoded element by element.
 
+pub mod metrics;
+
+// The README's Rust snippets compile and run as doctests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 

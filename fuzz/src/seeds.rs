@@ -3,7 +3,10 @@
 //! where `scripts/fuzz.sh` gives them to libFuzzer; regenerate with
 //! `FUZZ_WRITE_SEEDS=1 cargo test --manifest-path fuzz/Cargo.toml --lib`.
 
-use rpc_core::proto::{encode_desc, Header, Hello, Kind, WireError, WireErrorCode, HEADER_LEN};
+use rpc_core::proto::{
+    encode_desc, encode_request_body, Header, Hello, Kind, WireError, WireErrorCode, FLAG_METADATA,
+    FLAG_RENDEZVOUS, HEADER_LEN,
+};
 use rpc_transport::fuzzing::{tcp_encode_hello, RdmaHello, TcpFrame};
 use rpc_transport::RegionDesc;
 
@@ -65,12 +68,24 @@ fn raw_frame(kind: Kind, call_id: u64, flags: u16, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `rest` behind a metadata section holding a trace id and a user.
+fn with_metadata(rest: &[u8]) -> Vec<u8> {
+    let md = rpc_core::Metadata::new().with("trace-id", "0123456789abcdef").and_then(|m| m.with("user", "alice"));
+    let md = md.expect("small metadata").encode();
+    encode_request_body(&md, bytes::Bytes::copy_from_slice(rest)).to_vec()
+}
+
 fn proto_decode() -> Vec<(&'static str, Vec<u8>)> {
     let d = encode_desc(&RegionDesc { addr: 0x1000, len: 5000, rkey: 9 });
     let err = WireError::new(WireErrorCode::Handler, "boom").encode();
     vec![
         ("request", raw_frame(Kind::Request, 1, 0, b"args")),
         ("rendezvous-request", raw_frame(Kind::Request, 2, 1, &d)),
+        ("metadata-request", raw_frame(Kind::Request, 5, FLAG_METADATA, &with_metadata(b"args"))),
+        (
+            "metadata-rendezvous-request",
+            raw_frame(Kind::Request, 6, FLAG_METADATA | FLAG_RENDEZVOUS, &with_metadata(&d)),
+        ),
         ("error-response", raw_frame(Kind::Response, 3, 2, &err)),
         ("cancel", raw_frame(Kind::Cancel, 4, 0, b"")),
         ("credit", raw_frame(Kind::Credit, 0, 0, b"")),

@@ -3,9 +3,10 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use rpc_core::proto::{
-    decode_desc, encode_desc, Header, Hello, WireError, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN,
-    MAX_ERROR_MESSAGE,
+    decode_desc, encode_desc, encode_request_body, split_metadata, Header, Hello, WireError, FLAG_ERROR,
+    FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN, MAX_ERROR_MESSAGE, MAX_METADATA_LEN,
 };
+use rpc_core::Metadata;
 use rpc_transport::fuzzing::{
     tcp_decode_hello, tcp_encode_hello, RdmaHello, TcpFrame, TcpReaderHarness, TCP_HELLO_FIXED, TCP_STATUS_OK,
 };
@@ -13,14 +14,19 @@ use rpc_transport::MAX_PRIVATE_DATA;
 
 use crate::input::Blob;
 
-/// `proto_decode`: the frame header, region descriptors, wire errors and the protocol hello.
+/// `proto_decode`: the frame header, request metadata, region descriptors, wire errors and the
+/// protocol hello.
 pub fn proto_decode(data: &[u8]) {
     if let Ok(h) = Header::decode(data) {
         let mut head = [0u8; HEADER_LEN];
         h.encode(&mut head);
         assert_eq!(head[..], data[..HEADER_LEN], "header does not re-encode to its bytes");
-        let body = &data[HEADER_LEN..];
+        let mut body = &data[HEADER_LEN..];
         assert_eq!(h.body_len as usize, body.len());
+        if h.flags & FLAG_METADATA != 0 {
+            let Ok(rest) = check_metadata_section(body) else { return };
+            body = rest;
+        }
         if h.flags & FLAG_RENDEZVOUS != 0 {
             check_desc(body);
         }
@@ -30,9 +36,23 @@ pub fn proto_decode(data: &[u8]) {
     }
     check_desc(data);
     check_wire_error(data);
+    let _ = check_metadata_section(data);
     if let Ok(hello) = Hello::decode(data) {
         assert_eq!(hello.encode(), data, "hello does not re-encode to its bytes");
     }
+}
+
+/// A metadata section that splits off re-encodes to its bytes, and so does metadata that decodes.
+/// Returns what follows the section.
+fn check_metadata_section(body: &[u8]) -> Result<&[u8], ()> {
+    let (meta, rest) = split_metadata(body).map_err(|_| ())?;
+    assert!(!meta.is_empty() && meta.len() <= MAX_METADATA_LEN);
+    let whole = encode_request_body(meta, bytes::Bytes::copy_from_slice(rest));
+    assert_eq!(whole[..], body[..], "metadata section does not re-encode to its bytes");
+    if let Ok(md) = Metadata::decode(meta) {
+        assert_eq!(md.encode()[..], meta[..], "metadata does not re-encode to its bytes");
+    }
+    Ok(rest)
 }
 
 fn check_desc(body: &[u8]) {

@@ -17,6 +17,14 @@ pub enum CallError {
     /// have run.
     #[error("connection lost: {0}")]
     Disconnected(String),
+    /// The call was not sent: the connection is down and a
+    /// [reconnecting](crate::ClientConfig::reconnect) client is waiting to connect again. Unlike
+    /// [`CallError::Disconnected`], the call certainly did not run: it is safe to retry.
+    #[error("not connected: {0}")]
+    NotConnected(String),
+    /// The call's metadata is over a limit (the call was not sent).
+    #[error("metadata: {0}")]
+    Metadata(#[from] crate::context::MetadataError),
     /// The server answered with an error. A server refusing a payload as too large is reported
     /// as [`CallError::PayloadTooLarge`] instead.
     #[error("remote error: {0}")]
@@ -41,6 +49,34 @@ pub enum CallError {
     /// The rendezvous transfer failed (READ refused or failed, registration failed).
     #[error("transfer failed: {0}")]
     Transfer(String),
+}
+
+impl CallError {
+    /// A short name of the failure, for metrics labels and logs: `deadline_exceeded`,
+    /// `disconnected`, `not_connected`, `protocol`, `codec`, `payload_too_large`, `transfer`, or
+    /// for a server's answer its code (`remote_handler`, `remote_unknown_method`, ..).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallError::DeadlineExceeded => "deadline_exceeded",
+            CallError::Disconnected(_) => "disconnected",
+            CallError::NotConnected(_) => "not_connected",
+            CallError::Remote(r) => match r.code {
+                WireErrorCode::UnknownMethod => "remote_unknown_method",
+                WireErrorCode::BadRequest => "remote_bad_request",
+                WireErrorCode::Handler => "remote_handler",
+                WireErrorCode::Overloaded => "remote_overloaded",
+                WireErrorCode::ShuttingDown => "remote_shutting_down",
+                WireErrorCode::PayloadTooLarge => "payload_too_large",
+                WireErrorCode::ReadFailed => "remote_read_failed",
+                _ => "remote_other",
+            },
+            CallError::Protocol(_) => "protocol",
+            CallError::Codec(_) => "codec",
+            CallError::PayloadTooLarge { .. } => "payload_too_large",
+            CallError::Transfer(_) => "transfer",
+            CallError::Metadata(_) => "metadata",
+        }
+    }
 }
 
 /// An error reported by the server, carried over the wire.
@@ -127,6 +163,9 @@ pub enum ConnectError {
     /// The peer is not a compatible endpoint.
     #[error("handshake failed: {0}")]
     Handshake(String),
+    /// Connecting took longer than the client's `connect_timeout`.
+    #[error("connecting timed out after {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 #[cfg(test)]

@@ -14,6 +14,11 @@
 //! let v = kv.with_options(CallOptions::new().deadline(Duration::from_millis(50))).get("k".into()).await?;
 //! ```
 //!
+//! Handlers read their call's [`Context`] (peer, deadline, caller metadata) with
+//! [`context::current()`]; a [`Router`] serves several services on one server; a client
+//! reconnects with [`ClientConfig::reconnect`]; every call is traced (a `call` span per side,
+//! named by its method) and measured through the `metrics` facade (see the README).
+//!
 //! # Layers
 //! * [`proto`]: the wire protocol as a state machine (no I/O, no tokio, time passed in).
 //! * [`runtime`]: one driver task per connection that feeds the state machine from a
@@ -32,21 +37,29 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+pub mod context;
 mod error;
 pub mod proto;
+pub mod router;
 pub mod runtime;
 mod service;
 
+pub use context::{Context, Metadata, MetadataError};
 pub use error::{CallError, ConnectError, RemoteError, ServiceError};
 pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode};
+pub use router::{RouteCollision, Router};
 pub use rpc_macros::service;
 pub use rpc_transport as transport;
-pub use runtime::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig, ServerResources};
+pub use runtime::{
+    CallOptions, Client, ClientConfig, ConnStats, Reconnect, Server, ServerConfig, ServerResources,
+};
 pub use service::{MethodDesc, Service};
 
 #[doc(hidden)]
 pub mod __private {
     //! Used by the code `#[service]` generates; not a public API.
+    pub use crate::context::current_or_detached as current_context;
+    pub use crate::runtime::observe::ClientMethod;
     pub use crate::service::{assert_unique_ids, call, method_id, serve, unknown_method};
     pub use ::bytes::Bytes;
     pub use ::futures::future::BoxFuture;

@@ -11,14 +11,17 @@ use serde::Serialize;
 
 use crate::error::{CallError, ServiceError};
 use crate::proto::MethodId;
+use crate::runtime::observe::{ClientMethod, MethodName};
 use crate::runtime::{CallOptions, Client};
 
-/// A method of a service, for logs and introspection.
+/// A method of a service, for logs, metrics, routing and introspection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MethodDesc {
     /// The method's name.
     pub name: &'static str,
-    /// Its stable id: [`method_id`] of `"Service.method"`.
+    /// `"Service.method"`, as spans, events and metrics name it.
+    pub full_name: &'static str,
+    /// Its stable id: [`method_id`] of its signature `"Service.method(arg:Type,..)->Output"`.
     pub id: MethodId,
 }
 
@@ -27,15 +30,19 @@ pub trait Service: Send + Sync + 'static {
     /// The service's name (the trait's name).
     fn name(&self) -> &'static str;
     /// Its methods.
-    fn methods(&self) -> &'static [MethodDesc];
+    fn methods(&self) -> &[MethodDesc];
     /// Runs one request: decodes the arguments, runs the method, encodes its result.
     fn call(&self, method: MethodId, payload: Bytes) -> BoxFuture<'static, Result<Bytes, ServiceError>>;
 }
 
-/// The stable id of a method: FNV-1a (32 bit) of `"Service.method"`. Ids depend on names only,
-/// never on declaration order, so reordering a trait keeps clients and servers compatible.
-pub const fn method_id(qualified_name: &str) -> MethodId {
-    let bytes = qualified_name.as_bytes();
+/// The stable id of a method: FNV-1a (32 bit) of its signature as `#[service]` writes it,
+/// `"Service.method(arg:Type,..)->Output"` (argument names, their types and the output type as
+/// written, whitespace removed). Ids never depend on declaration order, so reordering a trait
+/// keeps clients and servers compatible; renaming, reordering or retyping arguments, or changing
+/// the output type, changes the id, so a client and a server built from different signatures get
+/// `UnknownMethod` instead of silently misreading each other's bytes.
+pub const fn method_id(signature: &str) -> MethodId {
+    let bytes = signature.as_bytes();
     let mut hash: u32 = 0x811c_9dc5;
     let mut i = 0;
     while i < bytes.len() {
@@ -61,12 +68,14 @@ pub const fn assert_unique_ids(ids: &[MethodId]) {
     }
 }
 
-/// Client side of a generated method: encodes `args`, calls, decodes the response. The deadline
-/// counts from here, so encoding the arguments counts against it.
+/// Client side of a generated method (`name` holds `"Service.method"` and its metric handles, a
+/// `static` of the stub): encodes `args`, calls, decodes the response. The deadline counts from
+/// here, so encoding the arguments counts against it.
 pub async fn call<Args, Resp>(
     client: &Client,
     opts: &CallOptions,
     method: MethodId,
+    name: &'static ClientMethod,
     args: &Args,
 ) -> Result<Resp, CallError>
 where
@@ -74,10 +83,29 @@ where
     Resp: DeserializeOwned,
 {
     let started = tokio::time::Instant::now();
-    let payload = crate::codec::encode_in(client.pool(), args)
+    let payload = crate::codec::encode_in(&client.pool(), args)
         .map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
-    let (response, _) = client.call_since(started, method, payload, opts).await?;
+    let (response, _) = client
+        .call_since(started, method, MethodName::Stub(name), payload, opts)
+        .await
+        .map_err(|e| explain(e, name))?;
     crate::codec::decode(&response).map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
+}
+
+/// An `UnknownMethod` answer names the method and the likely cause.
+fn explain(e: CallError, name: &ClientMethod) -> CallError {
+    match e {
+        CallError::Remote(mut r) if r.code == crate::WireErrorCode::UnknownMethod => {
+            r.message = format!(
+                "{} (the server has no `{}` with this client's signature: a different build of the \
+                 service, or another service)",
+                r.message,
+                name.name()
+            );
+            CallError::Remote(r)
+        }
+        other => other,
+    }
 }
 
 /// Server side of a generated method: decodes `Args`, runs `f`, encodes its output.

@@ -30,10 +30,10 @@ async fn counters(s: &common::Setup) -> (u64, u64, u64) {
 /// One echo round trip per size, raw (so that the response bytes are seen as they arrived).
 async fn round(s: &common::Setup, check_zero_copy: bool) {
     let client = s.client.client();
-    let id = rpc_core::__private::method_id("Echo.echo");
+    let id = common::EchoClient::ECHO;
     for &size in &SIZES {
         let data = pattern(size, size as u8);
-        let payload = codec::encode_in(client.pool(), &(data.clone(),)).expect("encode");
+        let payload = codec::encode_in(&client.pool(), &(data.clone(),)).expect("encode");
         assert!(client.pool().contains(&payload), "arguments are encoded in the pool");
         let response = client.call(id, payload, &CallOptions::default()).await.expect("echo");
         if check_zero_copy {

@@ -46,7 +46,12 @@ fn expansion_compiles_without_the_prelude_and_with_a_renamed_crate() {
     assert_eq!(server.name(), "Store");
     let names: Vec<&str> = server.methods().iter().map(|m| m.name).collect();
     assert_eq!(names, ["load", "clear", "count"]);
-    assert_eq!(StoreClient::LOAD, renamed_rpc::__private::method_id("Store.load"));
+    assert_eq!(
+        StoreClient::LOAD,
+        renamed_rpc::__private::method_id(
+            "Store.load(key:::std::string::String)->::std::option::Option<::std::vec::Vec<u8>>"
+        )
+    );
     assert_eq!(block_on(Empty.count()), 0);
     assert_eq!(block_on(Empty.load("k".to_string())), None);
 }

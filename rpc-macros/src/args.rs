@@ -30,6 +30,11 @@ impl ServiceArgs {
         parser.parse2(tokens)?;
         Ok(ServiceArgs { krate: krate.unwrap_or_else(default_crate_path) })
     }
+
+    /// The path used when the attribute names none: `::rpc_core`.
+    pub(crate) fn default_krate() -> Path {
+        default_crate_path()
+    }
 }
 
 fn default_crate_path() -> Path {

@@ -39,15 +39,20 @@ use proc_macro::TokenStream;
 /// - **`KvClient`** (same visibility, `Clone + Debug`): `KvClient::new(rpc_core::Client)`,
 ///   `with_options(&self, CallOptions) -> Self` (e.g. a deadline), `client(&self)`, and for every
 ///   method `pub async fn get(&self, key: String) -> Result<Option<Vec<u8>>, rpc_core::CallError>`.
-///   Arguments travel as one tuple (`()`, `(a,)`, `(a, b)`, ..).
+///   Arguments travel as one tuple (`()`, `(a,)`, `(a, b)`, ..). Each stub passes `"Kv.get"` (a
+///   `static` holding its name and metric handles) along with the id, for spans and metrics.
 /// - **method ids** as associated consts of the client: `KvClient::GET`, `KvClient::PUT`,
-///   `KvClient::PING` (the method name in upper case), each `rpc_core::__private::method_id("Kv.get")`
-///   — the FNV-1a hash of `"Trait.method"`, so ids depend on names only, never on declaration order.
-///   Two names whose ids collide are a compile error.
+///   `KvClient::PING` (the method name in upper case), each
+///   `rpc_core::__private::method_id("Kv.get(key:String)->Option<Vec<u8>>")` — the FNV-1a hash of the
+///   method's signature (trait and method names, argument names and types in order, output type, as
+///   written), never of its position. A client and a server built from different signatures get
+///   `UnknownMethod` instead of misreading each other's positional encoding. Two methods whose ids
+///   collide are a compile error.
 /// - **`KvServer<S>`** (same visibility, `Clone + Debug` for any `S`): `KvServer::new(impl)` or
 ///   `KvServer::from_arc(arc)`, and `impl<S: Kv> rpc_core::Service for KvServer<S>` that dispatches on
 ///   the method id and answers unknown ids with `rpc_core::__private::unknown_method`.
-///   `Service::methods` lists `MethodDesc { name: "get", id: KvClient::GET }`, ..
+///   `Service::methods` lists `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET }`, ..
+///   Handlers read their call's context (peer, deadline, metadata) with `rpc_core::context::current()`.
 ///
 /// Every generated public item is documented; a client method copies the docs of its trait method.
 ///
@@ -59,7 +64,12 @@ use proc_macro::TokenStream;
 /// # Supported signatures
 ///
 /// Only `async fn name(&self, arg: Type, ..) -> Type;` with owned, serde-serializable argument and
-/// result types. Compile errors, at the offending token, for: non-`async` methods; a receiver other than
+/// result types; optionally, as in tarpc, the call's context first: `async fn name(&self, ctx:
+/// rpc_core::Context, arg: Type, ..)`. It is recognised when written as `rpc_core::Context` or
+/// `rpc_core::context::Context` (with or without a leading `::`, under the `crate = ".."` path when
+/// given); the server passes it, the client stub has no such parameter, and it is not part of the
+/// method id. A bare `Context` is an ordinary argument (the macro cannot tell it from a type of
+/// yours); the context anywhere but first is a compile error. Compile errors, at the offending token, for: non-`async` methods; a receiver other than
 /// `&self`; generic traits or methods; where clauses; argument patterns other than a plain identifier;
 /// `impl Trait`; references, lifetimes (other than `'static`), `_` or `Self` in signatures; variadics;
 /// `const`/`unsafe`/`extern` methods; default bodies; associated types, consts and macros; `#[cfg]` on

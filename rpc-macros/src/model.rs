@@ -3,7 +3,7 @@
 use proc_macro2::Ident;
 use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
-use syn::{Attribute, ItemTrait, Token, TraitItem, TraitItemFn, Type, TypeParamBound, Visibility};
+use syn::{Attribute, ItemTrait, Path, Token, TraitItem, TraitItemFn, Type, TypeParamBound, Visibility};
 
 use crate::errors::Errors;
 use crate::validate;
@@ -24,6 +24,10 @@ pub(crate) struct MethodDef {
     /// Attributes of the method, docs included.
     pub(crate) attrs: Vec<Attribute>,
     pub(crate) ident: Ident,
+    /// `ctx: rpc_core::Context` as the first argument after `&self`: the handler gets its call's
+    /// context there (it does not travel; the client stub has no such parameter).
+    pub(crate) context: Option<ArgDef>,
+    /// The arguments that travel.
     pub(crate) args: Vec<ArgDef>,
     /// The declared output; `()` when the signature has no `->`.
     pub(crate) output: Type,
@@ -37,13 +41,13 @@ pub(crate) struct ArgDef {
 
 impl ServiceDef {
     /// Parses and validates `item`, reporting every unsupported construct at its own span.
-    pub(crate) fn from_trait(item: ItemTrait) -> syn::Result<Self> {
+    pub(crate) fn from_trait(item: ItemTrait, krate: &Path) -> syn::Result<Self> {
         let mut errors = Errors::default();
         validate::trait_header(&item, &mut errors);
         let mut methods = Vec::new();
         for trait_item in item.items {
             match trait_item {
-                TraitItem::Fn(method) => methods.extend(MethodDef::from_trait_fn(method, &mut errors)),
+                TraitItem::Fn(method) => methods.extend(MethodDef::from_trait_fn(method, krate, &mut errors)),
                 other => validate::reject_non_method_item(&other, &mut errors),
             }
         }
@@ -66,15 +70,28 @@ impl ServiceDef {
 
 impl MethodDef {
     /// Parses one trait method; `None` (with errors recorded) if its signature is unsupported.
-    fn from_trait_fn(method: TraitItemFn, errors: &mut Errors) -> Option<Self> {
+    fn from_trait_fn(method: TraitItemFn, krate: &Path, errors: &mut Errors) -> Option<Self> {
         let before = errors.len();
         validate::method_signature(&method, errors);
-        let args = method.sig.inputs.iter().skip(1).filter_map(|arg| errors.take(validate::typed_arg(arg)));
-        let args: Vec<ArgDef> = args.collect();
+        let inputs = method.sig.inputs.iter().skip(1);
+        let mut args = Vec::new();
+        let mut context = None;
+        for (i, arg) in inputs.enumerate() {
+            if let Some(ctx) = validate::context_arg(arg, krate) {
+                if i == 0 {
+                    context = errors.take(ctx);
+                } else {
+                    errors.at(arg, "the call context may only be the first argument after `&self`");
+                }
+                continue;
+            }
+            args.extend(errors.take(validate::typed_arg(arg)));
+        }
         let output = validate::output(&method.sig.output, errors);
         (errors.len() == before).then(|| MethodDef {
             attrs: method.attrs,
             ident: method.sig.ident,
+            context,
             args,
             output,
         })

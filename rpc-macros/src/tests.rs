@@ -43,10 +43,12 @@ fn expansion_emits_trait_client_server_and_ids() {
         "fn get (& self , key : String) -> impl :: core :: future :: Future < Output = Option < Vec < u8 > > >",
         "fn ping (& self ,) -> impl :: core :: future :: Future < Output = () >",
         "pub struct KvClient",
-        "pub const GET : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.get\")",
+        "pub const GET : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.get(key:String)->Option<Vec<u8>>\")",
         "pub const PING",
-        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: GET , & (key ,))",
-        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: PING , & ())",
+        "static __RPC_CORE_METHOD : :: rpc_core :: __private :: ClientMethod = :: rpc_core :: __private :: ClientMethod :: new (\"Kv.get\")",
+        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: GET , & __RPC_CORE_METHOD , & (key ,))",
+        ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: PING , & __RPC_CORE_METHOD , & ())",
+        ":: rpc_core :: MethodDesc { name : \"get\" , full_name : \"Kv.get\" , id : KvClient :: GET }",
         "assert_unique_ids (& [KvClient :: GET , KvClient :: PING])",
         "pub struct KvServer < S >",
         "impl < S : Kv > :: rpc_core :: Service for KvServer < S >",
@@ -120,7 +122,8 @@ fn ids_hash_names_not_positions() {
             }
         ),
     );
-    let const_b = "pub const B : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.b\")";
+    let const_b =
+        "pub const B : :: rpc_core :: MethodId = :: rpc_core :: __private :: method_id (\"Kv.b()->()\")";
     assert!(a.contains(const_b) && b.contains(const_b));
 }
 
@@ -134,7 +137,7 @@ fn raw_identifiers_are_unraw_in_names() {
             }
         ),
     );
-    assert!(out.contains("method_id (\"Kv.type\")"), "{out}");
+    assert!(out.contains("method_id (\"Kv.type()->()\")"), "{out}");
     assert!(out.contains("pub const TYPE"), "{out}");
 }
 
@@ -460,11 +463,11 @@ fn unsupported_method_signatures_are_rejected() {
         (
             quote!(
                 trait Clash {
-                    async fn write_qqrd(&self);
-                    async fn fetch_qpfhai(&self);
+                    async fn m_hdtrw(&self);
+                    async fn m_vckxa(&self);
                 }
             ),
-            "collides with that of `Clash.write_qqrd`",
+            "collides with that of `Clash.m_hdtrw`",
         ),
     ];
     for (item, expected) in cases {
@@ -519,5 +522,72 @@ fn every_name_the_client_already_has_is_rejected_at_the_method_name() {
                 async fn format(&self);
             }
         ),
+    );
+}
+
+#[test]
+fn a_context_first_argument_is_passed_by_the_server_and_not_sent() {
+    let out = expand_ok(
+        quote!(),
+        quote! {
+            trait Kv {
+                async fn get(&self, ctx: rpc_core::Context, key: String) -> u64;
+                async fn ping(&self, cx: ::rpc_core::context::Context);
+            }
+        },
+    );
+    for expected in [
+        "fn get (& self , ctx : rpc_core :: Context , key : String)",
+        "fn ping (& self , cx : :: rpc_core :: context :: Context)",
+        "pub async fn get (& self , key : String)",
+        "pub async fn ping (& self ,)",
+        "< S as Kv > :: get (& * inner , :: rpc_core :: __private :: current_context () , key) . await",
+        "< S as Kv > :: ping (& * inner , :: rpc_core :: __private :: current_context () ,) . await",
+        "method_id (\"Kv.get(key:String)->u64\")",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn the_context_is_recognised_under_the_crate_argument_only_as_a_path() {
+    let out = expand_ok(
+        quote!(crate = "::my_rpc"),
+        quote!(
+            trait Kv {
+                async fn get(&self, ctx: my_rpc::Context);
+            }
+        ),
+    );
+    assert!(out.contains("pub async fn get (& self ,)"), "{out}");
+    // A bare `Context` may be the user's own type: it is an ordinary argument.
+    let out = expand_ok(
+        quote!(),
+        quote!(
+            trait Kv {
+                async fn get(&self, ctx: Context);
+            }
+        ),
+    );
+    assert!(out.contains("pub async fn get (& self , ctx : Context)"), "{out}");
+}
+
+#[test]
+fn the_context_must_come_first() {
+    assert_single_error(
+        quote!(
+            trait Kv {
+                async fn get(&self, key: String, ctx: rpc_core::Context);
+            }
+        ),
+        "the call context may only be the first argument after `&self`",
+    );
+    assert_single_error(
+        quote!(
+            trait Kv {
+                async fn get(&self, (a, b): rpc_core::Context);
+            }
+        ),
+        "argument patterns are not supported",
     );
 }

@@ -6,12 +6,12 @@ use proc_macro2::Ident;
 use syn::ext::IdentExt;
 use syn::visit::{self, Visit};
 use syn::{
-    FnArg, ItemTrait, Lifetime, Pat, PatIdent, PatType, Receiver, ReturnType, Signature, TraitItem,
-    TraitItemFn, Type, TypeImplTrait, TypeInfer, TypePath, TypeReference,
+    FnArg, ItemTrait, Lifetime, Pat, PatIdent, PatType, Path, PathArguments, Receiver, ReturnType, Signature,
+    TraitItem, TraitItemFn, Type, TypeImplTrait, TypeInfer, TypePath, TypeReference,
 };
 
 use crate::errors::Errors;
-use crate::method_id::{const_name, fnv1a_32, qualified_name};
+use crate::method_id::{const_name, fnv1a_32, qualified_name, signature};
 use crate::model::{ArgDef, MethodDef};
 
 /// Client stub methods every service gets; a service method of the same name would clash.
@@ -138,6 +138,34 @@ fn receiver_form(receiver: &Receiver, errors: &mut Errors) {
             }
         }
     }
+}
+
+/// `Some` if `arg`'s type is the call context, `<krate>::Context` or `<krate>::context::Context`
+/// as written (e.g. `rpc_core::Context`; a bare `Context` is an ordinary argument, since the macro
+/// cannot tell it from a type of the user's); then `Ok` with its name if it is a plain identifier.
+pub(crate) fn context_arg(arg: &FnArg, krate: &Path) -> Option<syn::Result<ArgDef>> {
+    let FnArg::Typed(PatType { pat, ty, .. }) = arg else { return None };
+    if !is_context_type(ty, krate) {
+        return None;
+    }
+    Some(plain_ident(pat).map(|ident| ArgDef { ident, ty: (**ty).clone() }))
+}
+
+fn is_context_type(ty: &Type, krate: &Path) -> bool {
+    let Type::Path(TypePath { qself: None, path }) = ty else { return false };
+    let plain = |p: &Path| -> Option<Vec<String>> {
+        p.segments
+            .iter()
+            .map(|s| matches!(s.arguments, PathArguments::None).then(|| s.ident.to_string()))
+            .collect()
+    };
+    let (Some(mut names), Some(krate)) = (plain(path), plain(krate)) else { return false };
+    if names.pop().as_deref() != Some("Context") {
+        return false;
+    }
+    // `rpc_core::Context` and `::rpc_core::Context` alike (the leading `::` is not a segment).
+    names == krate
+        || (names.last().map(String::as_str) == Some("context") && names[..names.len() - 1] == krate[..])
 }
 
 /// An argument after the receiver: a plain identifier and an owned type.
@@ -268,7 +296,7 @@ pub(crate) fn method_names(service: &Ident, methods: &[MethodDef], errors: &mut 
             errors.at(&method.ident, msg);
         }
         let qualified = qualified_name(&service_name, &name);
-        let id = fnv1a_32(&qualified);
+        let id = fnv1a_32(&signature(&service_name, method));
         if let Some(first) = ids.insert(id, &method.ident) {
             let msg = format!(
                 "the method id of `{qualified}` ({id:#010x}) collides with that of `{}`; rename one of them",

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
+use examples::metrics::Summary;
 use examples::{KvClient, KvServer, MemoryKv};
 use rpc_core::{CallOptions, Client, ClientConfig, ConnStats, Server, ServerConfig};
 
@@ -40,12 +41,18 @@ enum Cmd {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // RUST_LOG=rpc_core=debug shows each call's span and its "call finished" event.
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
-    match Cli::parse().cmd {
+    // rpc-core records per-method metrics through the `metrics` facade; this prints them. Replace
+    // it with an exporter (e.g. metrics-exporter-prometheus) to scrape them instead.
+    let metrics = Summary::install()?;
+    let result = match Cli::parse().cmd {
         Cmd::Server { listen } => serve(&listen).await,
         Cmd::Client { connect } => workload(&connect).await,
         Cmd::Demo { listen } => demo(&listen).await,
-    }
+    };
+    println!("\nmetrics recorded by rpc-core in this process:\n{}", metrics.report());
+    result
 }
 
 async fn serve(listen: &str) -> Result<(), Box<dyn std::error::Error>> {

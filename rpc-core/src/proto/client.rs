@@ -9,11 +9,13 @@ use rpc_transport::{MemPool, ReadError, RegionDesc, WrId};
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
 use super::error::ProtoError;
-use super::header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN};
+use super::header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN};
 use super::link::{Link, Op, Role};
 use super::rendezvous::AbandonedRead;
 use super::stats::ProtoStats;
-use super::wire::{decode_desc, encode_desc, WireError};
+use super::wire::{
+    decode_desc, encode_desc, encode_request_body, metadata_overhead, WireError, MAX_METADATA_LEN,
+};
 use super::{CallInfo, MethodId, Path};
 
 /// Why a call failed, as the protocol sees it (the runtime maps it to its public error).
@@ -52,6 +54,14 @@ pub enum StartError {
     /// `max_in_flight` calls are in progress.
     #[error("too many calls in flight ({0})")]
     TooManyInFlight(u32),
+    /// The metadata section exceeds [`MAX_METADATA_LEN`].
+    #[error("metadata of {len} bytes exceeds the limit of {max}")]
+    MetadataTooLarge {
+        /// Encoded metadata length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The payload exceeds what the server accepts.
     #[error("request of {len} bytes exceeds the server's limit of {max}")]
     TooLarge {
@@ -93,6 +103,8 @@ struct Call {
     timeout: Option<Duration>,
     deadline: Option<Instant>,
     info: CallInfo,
+    /// Opaque metadata sent with the request (empty: none), kept until the request is queued.
+    metadata: Bytes,
 }
 
 /// The client end's state machine. See the [module docs](super) for the calling protocol.
@@ -141,6 +153,24 @@ impl ClientProto {
         timeout: Option<Duration>,
         now: Instant,
     ) -> Result<(), StartError> {
+        self.start_call_with_metadata(call_id, method, payload, Bytes::new(), timeout, now)
+    }
+
+    /// Like [`ClientProto::start_call`], with `metadata` (opaque bytes, at most
+    /// [`MAX_METADATA_LEN`]; empty: none) travelling in the request frame ahead of the payload or
+    /// its descriptor. The payload goes inline if it fits with the metadata.
+    pub fn start_call_with_metadata(
+        &mut self,
+        call_id: u64,
+        method: MethodId,
+        payload: Bytes,
+        metadata: Bytes,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<(), StartError> {
+        if metadata.len() > MAX_METADATA_LEN {
+            return Err(StartError::MetadataTooLarge { len: metadata.len(), max: MAX_METADATA_LEN });
+        }
         if call_id == 0 {
             return Err(StartError::ZeroId);
         }
@@ -162,12 +192,19 @@ impl ClientProto {
             let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
             self.deadlines.push_pruned(at, call_id, calls.len() + 1, live);
         }
-        let mut call =
-            Call { method, state: State::AwaitingResponse, timeout, deadline, info: CallInfo::default() };
-        if payload.len() <= self.link.eager_limit {
+        let mut call = Call {
+            method,
+            state: State::AwaitingResponse,
+            timeout,
+            deadline,
+            info: CallInfo::default(),
+            metadata: Bytes::new(),
+        };
+        if payload.len() + metadata_overhead(&metadata) <= self.link.eager_limit {
             self.link.stats.eager_sent += 1;
-            self.queue_request(call_id, method, timeout, 0, payload);
+            self.queue_request(call_id, method, timeout, 0, &metadata, payload);
         } else {
+            call.metadata = metadata;
             call.state = State::Registering;
             call.info.request = Path::Rendezvous;
             self.link.rdv.reserve_own(call_id, len);
@@ -183,12 +220,14 @@ impl ClientProto {
         method: MethodId,
         timeout: Option<Duration>,
         flags: u16,
+        metadata: &[u8],
         body: Bytes,
     ) {
         let mut h = Header::new(Kind::Request);
         h.call_id = call_id;
         h.method_id = method;
-        h.flags = flags;
+        h.flags = if metadata.is_empty() { flags } else { flags | FLAG_METADATA };
+        let body = encode_request_body(metadata, body);
         // Relative deadline in microseconds, at least 1 so that it is not read as "none".
         h.arg = timeout.map_or(0, |t| (t.as_micros().min(u64::MAX as u128) as u64).max(1));
         self.link.queue(h, body);
@@ -212,11 +251,12 @@ impl ClientProto {
             Ok(desc) => {
                 call.state = State::AwaitingResponse;
                 let (method, timeout) = (call.method, call.timeout);
+                let metadata = std::mem::take(&mut call.metadata);
                 self.link.stats.rendezvous_sent += 1;
                 let now = self.link.now;
                 self.link.rdv.advertise(call_id, &desc, now);
                 let body = Bytes::copy_from_slice(&encode_desc(&desc));
-                self.queue_request(call_id, method, timeout, FLAG_RENDEZVOUS, body);
+                self.queue_request(call_id, method, timeout, FLAG_RENDEZVOUS, &metadata, body);
             }
             Err(e) => self.complete(call_id, Err(CallFailure::RegisterFailed(e))),
         }

@@ -39,6 +39,13 @@ pub enum ProtoError {
     /// A body where none is allowed.
     #[error("{0:?} frame with a body or flags")]
     UnexpectedBody(Kind),
+    /// A request's metadata section is empty, longer than
+    /// [`MAX_METADATA_LEN`](super::MAX_METADATA_LEN) or longer than its body.
+    #[error("malformed metadata section ({len} bytes declared)")]
+    BadMetadata {
+        /// The declared length (or the body's, when too short for the prefix).
+        len: usize,
+    },
     /// A rendezvous body that is not a valid region descriptor.
     #[error("malformed region descriptor")]
     BadDescriptor,

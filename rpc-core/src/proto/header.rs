@@ -2,9 +2,10 @@
 //!
 //! ```text
 //!  0..2   magic       u16  0x5244 ("RD")
-//!  2      version     u8   1
+//!  2      version     u8   2
 //!  3      kind        u8   Request=1 Response=2 Cancel=3 Credit=4 Ping=5 Pong=6
-//!  4..6   flags       u16  RENDEZVOUS=1 (body is a region descriptor), ERROR=2 (body is a wire error)
+//!  4..6   flags       u16  RENDEZVOUS=1 (body is a region descriptor), ERROR=2 (body is a wire error),
+//!                           METADATA=4 (Request only: the body starts with a metadata section)
 //!  6..8   credits     u16  receives the sender re-posted since its previous frame
 //!  8..16  call_id     u64  the client's call id (0 only in Credit frames)
 //! 16..20  method_id   u32  Request only
@@ -12,6 +13,12 @@
 //! 24..32  done        u64  call whose advertised region the sender finished READing (0 = none)
 //! 32..40  arg         u64  Request: relative deadline in microseconds (0 = none)
 //! ```
+//!
+//! A Request with METADATA has the body `meta_len u16 | metadata (meta_len bytes, at most
+//! [`MAX_METADATA_LEN`](super::MAX_METADATA_LEN)) | payload or region descriptor`; the protocol
+//! carries the metadata as opaque bytes (the runtime's `Metadata` encodes them).
+//!
+//! Version history: 1, the first; 2 added METADATA.
 
 use super::error::ProtoError;
 
@@ -20,7 +27,7 @@ pub const HEADER_LEN: usize = 40;
 /// First two bytes of every frame.
 pub const MAGIC: u16 = 0x5244;
 /// Wire version this crate speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 
 /// Frame kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +65,9 @@ impl Kind {
 pub const FLAG_RENDEZVOUS: u16 = 1;
 /// Flag: the (response) body is a wire error, not a result.
 pub const FLAG_ERROR: u16 = 2;
-const KNOWN_FLAGS: u16 = FLAG_RENDEZVOUS | FLAG_ERROR;
+/// Flag (requests only): the body starts with a length-prefixed metadata section.
+pub const FLAG_METADATA: u16 = 4;
+const KNOWN_FLAGS: u16 = FLAG_RENDEZVOUS | FLAG_ERROR | FLAG_METADATA;
 
 /// A decoded header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +155,9 @@ impl Header {
             return Err(ProtoError::UnexpectedBody(self.kind));
         }
         if self.kind == Kind::Request && self.flags & FLAG_ERROR != 0 {
+            return Err(ProtoError::UnknownFlags(self.flags));
+        }
+        if self.kind != Kind::Request && self.flags & FLAG_METADATA != 0 {
             return Err(ProtoError::UnknownFlags(self.flags));
         }
         Ok(())

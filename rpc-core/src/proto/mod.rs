@@ -41,11 +41,14 @@ pub use budget::SharedBudget;
 pub use client::{CallFailure, ClientEvent, ClientProto, StartError};
 pub use config::{Hello, PeerLimits, ProtoConfig};
 pub use error::ProtoError;
-pub use header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN, MAGIC, VERSION};
+pub use header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN, MAGIC, VERSION};
 pub use link::Op;
 pub use server::{CancelReason, ServerEvent, ServerProto};
 pub use stats::ProtoStats;
-pub use wire::{decode_desc, encode_desc, WireError, WireErrorCode, DESC_LEN, MAX_ERROR_MESSAGE};
+pub use wire::{
+    decode_desc, encode_desc, encode_request_body, metadata_overhead, split_metadata, WireError,
+    WireErrorCode, DESC_LEN, MAX_ERROR_MESSAGE, MAX_METADATA_LEN,
+};
 
 /// How a payload travelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -11,11 +11,11 @@ use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
 use super::error::ProtoError;
-use super::header::{Header, Kind, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN};
+use super::header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN};
 use super::link::{Link, Op, Role};
 use super::rendezvous::AbandonedRead;
 use super::stats::ProtoStats;
-use super::wire::{decode_desc, encode_desc, WireError, WireErrorCode};
+use super::wire::{decode_desc, encode_desc, split_metadata, WireError, WireErrorCode};
 use super::{MethodId, Path};
 
 /// Why a handler must stop.
@@ -38,10 +38,13 @@ pub enum ServerEvent {
         method: MethodId,
         /// The arguments' encoding.
         payload: Bytes,
-        /// The time the client allows, relative to when the request arrived.
+        /// The time the client allows, relative to when this event is delivered (for a
+        /// rendezvous request, what is left after its payload was READ).
         timeout: Option<Duration>,
         /// How the payload travelled.
         path: Path,
+        /// The metadata the client attached (opaque bytes; empty: none).
+        metadata: Bytes,
     },
     /// Abort the handler of this call; its response would be dropped.
     Cancel {
@@ -71,6 +74,8 @@ struct Call {
     /// Budget reserved for the response when the handler started (see
     /// [`ServerProto::try_start_handler`]).
     reserved: u64,
+    /// The request's metadata, kept while its payload is READ.
+    metadata: Bytes,
 }
 
 /// The server end's state machine. See the [module docs](super) for the calling protocol.
@@ -162,6 +167,12 @@ impl ServerProto {
             return Err(ProtoError::DuplicateCall(call_id));
         }
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
+        let (metadata, body) = if header.flags & FLAG_METADATA != 0 {
+            let (metadata, rest) = split_metadata(&body)?;
+            (body.slice_ref(metadata), body.slice_ref(rest))
+        } else {
+            (Bytes::new(), body)
+        };
         let desc = if rendezvous { Some(decode_desc(&body)?) } else { None };
         if let Some(refusal) = self.refusal(desc.as_ref()) {
             if rendezvous {
@@ -180,11 +191,18 @@ impl ServerProto {
             let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
             self.deadlines.push_pruned(at, call_id, calls.len() + 1, live);
         }
-        let mut call =
-            Call { method: header.method_id, state: State::Running, timeout, deadline, reserved: 0 };
+        let mut call = Call {
+            method: header.method_id,
+            state: State::Running,
+            timeout,
+            deadline,
+            reserved: 0,
+            metadata: Bytes::new(),
+        };
         match desc {
             Some(remote) => {
                 call.state = State::ReadingRequest;
+                call.metadata = metadata;
                 self.link.rdv.queue_read(call_id, remote);
             }
             None => {
@@ -195,6 +213,7 @@ impl ServerProto {
                     payload: body,
                     timeout,
                     path: Path::Eager,
+                    metadata,
                 });
             }
         }
@@ -242,8 +261,13 @@ impl ServerProto {
                     call_id,
                     method: call.method,
                     payload: data,
-                    timeout: call.timeout,
+                    // What is left of it now that the payload is READ.
+                    timeout: call
+                        .deadline
+                        .map(|d| d.saturating_duration_since(self.link.now))
+                        .or(call.timeout),
                     path: Path::Rendezvous,
+                    metadata: std::mem::take(&mut call.metadata),
                 });
             }
             Err(e) => {
@@ -452,6 +476,11 @@ impl ServerProto {
     /// Calls in progress.
     pub fn calls_in_flight(&self) -> usize {
         self.calls.len()
+    }
+
+    /// Largest response sent inline to this client; a larger one takes the rendezvous path.
+    pub fn eager_limit(&self) -> usize {
+        self.link.eager_limit
     }
 
     /// Our response regions the client has not yet reported READ.

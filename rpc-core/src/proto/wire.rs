@@ -1,5 +1,6 @@
-//! Bodies: region descriptors and wire errors.
+//! Bodies: region descriptors, request metadata and wire errors.
 
+use bytes::{BufMut, Bytes, BytesMut};
 use rpc_transport::RegionDesc;
 
 use super::error::ProtoError;
@@ -30,6 +31,44 @@ pub fn decode_desc(body: &[u8]) -> Result<RegionDesc, ProtoError> {
         return Err(ProtoError::BadDescriptor);
     }
     Ok(RegionDesc { addr: u64s[0], len: u64s[1], rkey })
+}
+
+/// Longest metadata section of a request, in bytes. With its length prefix and a region
+/// descriptor it fits the smallest receive buffer this crate posts (room for a wire error), so a
+/// request with metadata can always take the rendezvous path.
+pub const MAX_METADATA_LEN: usize = 1000;
+const _: () = assert!(2 + MAX_METADATA_LEN + DESC_LEN <= 2 + MAX_ERROR_MESSAGE);
+
+/// Bytes a metadata section adds to a request body (0 without metadata).
+pub fn metadata_overhead(metadata: &[u8]) -> usize {
+    if metadata.is_empty() {
+        0
+    } else {
+        2 + metadata.len()
+    }
+}
+
+/// A request body: `meta_len u16 | metadata | rest` when there is metadata (the frame carries
+/// `FLAG_METADATA`), else `rest` alone. `metadata` must be at most [`MAX_METADATA_LEN`] bytes.
+pub fn encode_request_body(metadata: &[u8], rest: Bytes) -> Bytes {
+    if metadata.is_empty() {
+        return rest;
+    }
+    let mut out = BytesMut::with_capacity(2 + metadata.len() + rest.len());
+    out.put_u16_le(metadata.len() as u16);
+    out.put_slice(metadata);
+    out.put_slice(&rest);
+    out.freeze()
+}
+
+/// Splits a request body carrying `FLAG_METADATA` into the metadata and the rest.
+pub fn split_metadata(body: &[u8]) -> Result<(&[u8], &[u8]), ProtoError> {
+    let [a, b, rest @ ..] = body else { return Err(ProtoError::BadMetadata { len: body.len() }) };
+    let len = usize::from(u16::from_le_bytes([*a, *b]));
+    if len == 0 || len > MAX_METADATA_LEN || len > rest.len() {
+        return Err(ProtoError::BadMetadata { len });
+    }
+    Ok(rest.split_at(len))
 }
 
 /// Error codes carried in an error response.
@@ -121,6 +160,45 @@ impl WireError {
                 message: String::from_utf8_lossy(rest).into_owned(),
             },
             _ => WireError::new(WireErrorCode::Other(0), "empty error body"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::header::{Header, Kind, FLAG_METADATA, HEADER_LEN};
+
+    #[test]
+    fn metadata_sections_round_trip() {
+        let body = encode_request_body(b"meta", Bytes::from_static(b"payload"));
+        assert_eq!(&body[..2], &4u16.to_le_bytes());
+        assert_eq!(split_metadata(&body), Ok((&b"meta"[..], &b"payload"[..])));
+        assert_eq!(metadata_overhead(b"meta"), 6);
+        assert_eq!(metadata_overhead(b""), 0);
+        assert_eq!(encode_request_body(b"", Bytes::from_static(b"p")), Bytes::from_static(b"p"));
+    }
+
+    #[test]
+    fn malformed_metadata_sections_are_errors() {
+        assert_eq!(split_metadata(&[4]), Err(ProtoError::BadMetadata { len: 1 }));
+        assert_eq!(split_metadata(&[0, 0, 1]), Err(ProtoError::BadMetadata { len: 0 }));
+        assert_eq!(split_metadata(&[5, 0, 1, 2]), Err(ProtoError::BadMetadata { len: 5 }));
+        let too_long = ((MAX_METADATA_LEN + 1) as u16).to_le_bytes();
+        let mut body = too_long.to_vec();
+        body.resize(2 + MAX_METADATA_LEN + 1, 0);
+        assert_eq!(split_metadata(&body), Err(ProtoError::BadMetadata { len: MAX_METADATA_LEN + 1 }));
+    }
+
+    #[test]
+    fn only_requests_carry_metadata() {
+        for kind in [Kind::Response, Kind::Cancel, Kind::Credit] {
+            let mut h = Header::new(kind);
+            h.call_id = 1;
+            h.flags = FLAG_METADATA;
+            let mut frame = [0u8; HEADER_LEN];
+            h.encode(&mut frame);
+            assert!(Header::decode(&frame).is_err(), "{kind:?} with FLAG_METADATA");
         }
     }
 }

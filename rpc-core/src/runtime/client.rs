@@ -1,45 +1,98 @@
-//! The client: a cloneable handle to one connection, driven by its own task.
+//! The client: a cloneable handle to one connection, driven by its own task; optionally
+//! reconnecting (with backoff) when the connection is lost.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rpc_transport::{Address, Completion, Connection, MemPool};
+use rpc_transport::{Address, Completion, Connection, MemPool, TransportError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Sleep;
+use tracing::field::Empty;
 use tracing::Instrument;
 
-use super::config::{CallOptions, ClientConfig};
+use super::config::{CallOptions, ClientConfig, Reconnect};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
+use super::observe::{self, MethodName};
+use crate::context::{self, MetadataError, TRACE_ID_KEY};
 use crate::error::{CallError, ConnectError, RemoteError};
 use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, StartError};
 
 type Reply = oneshot::Sender<Result<(Bytes, CallInfo), CallError>>;
 
 enum Command {
-    Call { call_id: u64, method: MethodId, payload: Bytes, timeout: Option<Duration>, reply: Reply },
-    Cancel { call_id: u64 },
-    Stats { reply: oneshot::Sender<ConnStats> },
+    Call {
+        call_id: u64,
+        method: MethodId,
+        payload: Bytes,
+        metadata: Bytes,
+        timeout: Option<Duration>,
+        reply: Reply,
+    },
+    Cancel {
+        call_id: u64,
+    },
+    Stats {
+        reply: oneshot::Sender<ConnStats>,
+    },
 }
 
-struct Shared {
+/// One connection: the channel to its driver and its call-id and in-flight accounting.
+struct Conn {
     commands: mpsc::UnboundedSender<Command>,
     next_call_id: AtomicU64,
     in_flight: Semaphore,
+    /// The connection's registered memory (payloads are encoded there).
+    pool: MemPool,
+}
+
+/// Where a client's connection is: fixed for its life, or replaced by the reconnect task.
+enum Slot {
+    Fixed(Arc<Conn>),
+    Reconnecting(Arc<RwLock<Arc<Conn>>>),
+}
+
+/// The connection a call goes over: borrowed when it is fixed (no lock, no reference count).
+enum ConnRef<'a> {
+    Fixed(&'a Conn),
+    Current(Arc<Conn>),
+}
+
+impl std::ops::Deref for ConnRef<'_> {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        match self {
+            ConnRef::Fixed(c) => c,
+            ConnRef::Current(c) => c,
+        }
+    }
+}
+
+struct Shared {
+    /// The connection calls go over.
+    slot: Slot,
     default_deadline: Option<Duration>,
     peer: String,
-    pool: MemPool,
+    reconnecting: bool,
+    /// Dropped with the last handle: stops the reconnect task.
+    _stop_reconnecting: Option<oneshot::Sender<()>>,
 }
 
 /// A handle to one client connection. Cheap to clone, `Send + Sync`; all clones share the
 /// connection. The connection closes when the last clone is dropped.
+///
+/// With [`ClientConfig::reconnect`] set, a lost connection is replaced in the background
+/// (exponential backoff, each attempt bounded by [`ClientConfig::connect_timeout`]); meanwhile
+/// calls fail at once with [`CallError::NotConnected`]. **No call is ever retried**: a call in
+/// progress when the connection is lost fails with [`CallError::Disconnected`], which means it
+/// may or may not have run at the server; retry it yourself if the method is idempotent.
 #[derive(Clone)]
 pub struct Client {
     shared: Arc<Shared>,
@@ -53,45 +106,50 @@ impl fmt::Debug for Client {
 
 impl Client {
     /// Connects to `addr` (`tcp://127.0.0.1:7000`, `mem://name`, `rdma://10.0.2.15:7471`) and
-    /// spawns the connection's driver on the current tokio runtime.
+    /// spawns the connection's driver on the current tokio runtime. Connecting is bounded by
+    /// [`ClientConfig::connect_timeout`]. With [`ClientConfig::reconnect`] set, a reconnect task
+    /// is spawned too (this first connection must succeed, though).
     pub async fn connect(addr: &str, config: ClientConfig) -> Result<Client, ConnectError> {
         let addr: Address = addr.parse()?;
-        let conn = rpc_transport::connect(&addr, handshake::conn_params(&config.proto)).await?;
-        Client::start(conn, config)
-    }
-
-    /// Wraps a connection that was set up with this crate's parameters.
-    fn start(conn: Box<dyn Connection>, config: ClientConfig) -> Result<Client, ConnectError> {
-        let peer = handshake::peer_limits(conn.as_ref())?;
-        let info = conn.info().clone();
-        let conn_pool = conn.pool().clone();
-        let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
-        let (commands, rx) = mpsc::unbounded_channel();
-        let driver = ClientDriver {
-            proto: ClientProto::new(&config.proto, &peer, driver::now()).with_pool(conn_pool.clone()),
-            conn,
-            commands: rx,
-            pending: HashMap::new(),
-            scratch: Vec::with_capacity(driver::COMPLETION_BATCH),
-            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            closing: false,
+        let (conn, done, peer) = open(&addr, &config).await?;
+        let (slot, stop) = match config.reconnect {
+            None => (Slot::Fixed(conn), None),
+            Some(policy) => {
+                let current = Arc::new(RwLock::new(conn));
+                let (stop, stopped) = oneshot::channel();
+                let task = reconnect(addr, config.clone(), policy, current.clone(), done, stopped);
+                tokio::spawn(task.instrument(tracing::info_span!("reconnect", peer = %peer)));
+                (Slot::Reconnecting(current), Some(stop))
+            }
         };
-        tokio::spawn(driver.instrument(span));
         let shared = Shared {
-            commands,
-            next_call_id: AtomicU64::new(1),
-            in_flight: Semaphore::new(config.proto.max_in_flight as usize),
+            slot,
             default_deadline: config.default_deadline,
-            peer: info.peer,
-            pool: conn_pool,
+            peer,
+            reconnecting: config.reconnect.is_some(),
+            _stop_reconnecting: stop,
         };
         Ok(Client { shared: Arc::new(shared) })
     }
 
-    /// The connection's registered memory: encode payloads here
+    fn conn(&self) -> ConnRef<'_> {
+        match &self.shared.slot {
+            Slot::Fixed(conn) => ConnRef::Fixed(conn),
+            Slot::Reconnecting(current) => {
+                ConnRef::Current(current.read().unwrap_or_else(|e| e.into_inner()).clone())
+            }
+        }
+    }
+
+    /// The current connection's registered memory: encode payloads here
     /// ([`crate::codec::encode_in`]) and the transport sends or advertises them as they are.
-    pub fn pool(&self) -> &MemPool {
-        &self.shared.pool
+    pub fn pool(&self) -> MemPool {
+        self.conn().pool.clone()
+    }
+
+    /// Whether the connection is up (a reconnecting client may be between connections).
+    pub fn is_connected(&self) -> bool {
+        !self.conn().commands.is_closed()
     }
 
     /// Calls `method` with an encoded payload; returns the encoded response. Generated stubs
@@ -113,64 +171,204 @@ impl Client {
         payload: Bytes,
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
-        self.call_since(tokio::time::Instant::now(), method, payload, opts).await
+        let name = MethodName::Id(method);
+        self.call_since(tokio::time::Instant::now(), method, name, payload, opts).await
     }
 
-    /// Calls `method`, the deadline counting from `started` (the generated stubs pass the moment
-    /// they were called, so encoding the arguments counts). A call whose deadline has passed
-    /// before it is sent is not sent.
+    /// Calls `method` (named `name` in spans, events and metrics), the deadline counting from
+    /// `started` (the generated stubs pass the moment they were called, so encoding the
+    /// arguments counts). A call whose deadline has passed before it is sent is not sent.
     pub(crate) async fn call_since(
         &self,
         started: tokio::time::Instant,
         method: MethodId,
+        name: MethodName,
         payload: Bytes,
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
-        let timeout = opts.deadline.or(self.shared.default_deadline);
-        let remaining = || timeout.map(|t| t.saturating_sub(started.elapsed()));
-        let permit = match remaining() {
-            Some(Duration::ZERO) => return Err(CallError::DeadlineExceeded),
-            Some(t) => tokio::time::timeout(t, self.shared.in_flight.acquire()).await,
-            None => Ok(self.shared.in_flight.acquire().await),
-        };
-        let _permit = match permit {
-            Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(CallError::Disconnected("client closed".into())),
-            Err(_) => return Err(CallError::DeadlineExceeded),
-        };
-        let remaining = remaining();
-        if remaining == Some(Duration::ZERO) {
-            return Err(CallError::DeadlineExceeded);
-        }
-        let call_id = self.shared.next_call_id.fetch_add(1, Ordering::Relaxed);
+        // The span is not entered around the await (nothing logs inside it): its fields and the
+        // end event carry the call's identity, at no cost when it is disabled.
         let span = tracing::debug_span!(
             "call",
-            call_id,
-            method = format_args!("{method:#010x}"),
-            len = payload.len()
+            method = %name,
+            call_id = Empty,
+            peer = %self.shared.peer,
+            trace_id = Empty,
         );
-        let (reply, response) = oneshot::channel();
-        let command = Command::Call { call_id, method, payload, timeout: remaining, reply };
-        if self.shared.commands.send(command).is_err() {
-            return Err(CallError::Disconnected("connection closed".into()));
-        }
-        let guard = CancelOnDrop { call_id, commands: &self.shared.commands, armed: true };
-        let result = response.instrument(span).await;
-        guard.disarm();
-        result.unwrap_or_else(|_| Err(CallError::Disconnected("connection driver stopped".into())))
+        let mut finish = Finish { span, name, request_bytes: payload.len(), started, reported: false };
+        let result = 'call: {
+            let metadata = match metadata_with_trace(opts, &finish.span) {
+                Ok(m) => m,
+                Err(e) => break 'call Err(e),
+            };
+            let conn = self.conn();
+            if conn.commands.is_closed() {
+                break 'call Err(self.not_connected());
+            }
+            let timeout = opts.deadline.or(self.shared.default_deadline);
+            let remaining = || timeout.map(|t| t.saturating_sub(started.elapsed()));
+            let permit = match remaining() {
+                Some(Duration::ZERO) => break 'call Err(CallError::DeadlineExceeded),
+                Some(t) => tokio::time::timeout(t, conn.in_flight.acquire()).await,
+                None => Ok(conn.in_flight.acquire().await),
+            };
+            let _permit = match permit {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => break 'call Err(CallError::Disconnected("client closed".into())),
+                Err(_) => break 'call Err(CallError::DeadlineExceeded),
+            };
+            let remaining = remaining();
+            if remaining == Some(Duration::ZERO) {
+                break 'call Err(CallError::DeadlineExceeded);
+            }
+            let call_id = conn.next_call_id.fetch_add(1, Ordering::Relaxed);
+            finish.span.record("call_id", call_id);
+            let (reply, response) = oneshot::channel();
+            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining, reply };
+            if conn.commands.send(command).is_err() {
+                break 'call Err(self.not_connected());
+            }
+            let guard = CancelOnDrop { call_id, commands: &conn.commands, armed: true };
+            let result = response.await;
+            guard.disarm();
+            result.unwrap_or_else(|_| Err(CallError::Disconnected("connection driver stopped".into())))
+        };
+        finish.report(&result);
+        result
     }
 
-    /// Counters of this connection.
+    /// The error of a call that found the connection closed (and was not sent).
+    fn not_connected(&self) -> CallError {
+        if self.shared.reconnecting {
+            CallError::NotConnected(format!("connection to {} lost; reconnecting", self.shared.peer))
+        } else {
+            CallError::Disconnected("connection closed".into())
+        }
+    }
+
+    /// Counters of this connection (of the current one, for a reconnecting client).
     pub async fn stats(&self) -> Result<ConnStats, CallError> {
         let (reply, rx) = oneshot::channel();
         let closed = || CallError::Disconnected("connection closed".into());
-        self.shared.commands.send(Command::Stats { reply }).map_err(|_| closed())?;
+        self.conn().commands.send(Command::Stats { reply }).map_err(|_| closed())?;
         rx.await.map_err(|_| closed())
     }
 
     /// The peer, for logs.
     pub fn peer(&self) -> &str {
         &self.shared.peer
+    }
+}
+
+/// The call's metadata, encoded, with a trace id added when the call is traced (its span is
+/// enabled) or made inside a handler whose call carried one; the caller's own is kept.
+fn metadata_with_trace(opts: &CallOptions, span: &tracing::Span) -> Result<Bytes, CallError> {
+    if let Some(trace) = opts.metadata.get(TRACE_ID_KEY) {
+        span.record("trace_id", tracing::field::display(trace));
+        return Ok(opts.metadata.encode());
+    }
+    let inherited = context::current().and_then(|ctx| ctx.trace_id().map(str::to_owned));
+    let trace = match inherited {
+        Some(t) => t,
+        None if is_recorded(span) => context::new_trace_id(),
+        None => return Ok(opts.metadata.encode()),
+    };
+    let mut metadata = opts.metadata.clone();
+    match metadata.insert(TRACE_ID_KEY, trace.as_str()) {
+        Ok(()) => {
+            span.record("trace_id", tracing::field::display(&trace));
+            Ok(metadata.encode())
+        }
+        // No room left for the trace id: the caller's metadata goes as it is.
+        Err(MetadataError::TooManyEntries { .. } | MetadataError::TooLarge { .. }) => {
+            Ok(opts.metadata.encode())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a subscriber records `span` (not merely a callsite another thread's subscriber
+/// enabled).
+fn is_recorded(span: &tracing::Span) -> bool {
+    let enabled = |meta| tracing::dispatcher::get_default(|d| d.enabled(meta));
+    !span.is_disabled() && span.metadata().is_some_and(enabled)
+}
+
+/// Connects once (bounded by the connect timeout) and starts the connection's driver. Returns
+/// the connection, a receiver that resolves when the driver stops, and the peer's address.
+async fn open(
+    addr: &Address,
+    config: &ClientConfig,
+) -> Result<(Arc<Conn>, oneshot::Receiver<()>, String), ConnectError> {
+    let connecting = rpc_transport::connect(addr, handshake::conn_params(&config.proto));
+    let conn = tokio::time::timeout(config.connect_timeout, connecting)
+        .await
+        .map_err(|_| ConnectError::Timeout(config.connect_timeout))??;
+    let peer = handshake::peer_limits(conn.as_ref())?;
+    let info = conn.info().clone();
+    let pool = conn.pool().clone();
+    let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
+    let (commands, rx) = mpsc::unbounded_channel();
+    let driver = ClientDriver {
+        proto: ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone()),
+        conn,
+        commands: rx,
+        pending: HashMap::new(),
+        scratch: Vec::with_capacity(driver::COMPLETION_BATCH),
+        sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        closing: false,
+    };
+    let (done_tx, done) = oneshot::channel::<()>();
+    let task = async move {
+        driver.await;
+        drop(done_tx);
+    };
+    tokio::spawn(task.instrument(span));
+    let conn = Conn {
+        commands,
+        next_call_id: AtomicU64::new(1),
+        in_flight: Semaphore::new(config.proto.max_in_flight as usize),
+        pool,
+    };
+    Ok((Arc::new(conn), done, info.peer))
+}
+
+/// Replaces the connection in `current` each time its driver stops, trying again with
+/// exponential backoff; ends when `stop` resolves (the last client handle was dropped).
+async fn reconnect(
+    addr: Address,
+    config: ClientConfig,
+    policy: Reconnect,
+    current: Arc<RwLock<Arc<Conn>>>,
+    mut done: oneshot::Receiver<()>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = &mut done => {}
+        }
+        tracing::info!("connection lost; reconnecting");
+        let mut backoff = policy.initial_backoff;
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                opened = open(&addr, &config) => match opened {
+                    Ok((conn, next_done, _)) => {
+                        *current.write().unwrap_or_else(|e| e.into_inner()) = conn;
+                        done = next_done;
+                        tracing::info!("reconnected");
+                        break;
+                    }
+                    Err(e) => tracing::debug!(error = %e, retry_in = ?backoff, "reconnect failed"),
+                },
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = backoff.saturating_mul(2).min(policy.max_backoff.max(policy.initial_backoff));
+        }
     }
 }
 
@@ -192,6 +390,31 @@ impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
             let _ = self.commands.send(Command::Cancel { call_id: self.call_id });
+        }
+    }
+}
+
+/// Reports a call's end once: by [`Finish::report`], or as cancelled when its future is dropped
+/// first.
+struct Finish {
+    span: tracing::Span,
+    name: MethodName,
+    request_bytes: usize,
+    started: tokio::time::Instant,
+    reported: bool,
+}
+
+impl Finish {
+    fn report(&mut self, result: &Result<(Bytes, CallInfo), CallError>) {
+        self.reported = true;
+        observe::client_call_done(&self.span, self.name, self.request_bytes, self.started.elapsed(), result);
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if !self.reported {
+            observe::client_call_dropped(&self.span, self.name, self.request_bytes, self.started.elapsed());
         }
     }
 }
@@ -229,8 +452,9 @@ impl ClientDriver {
 
     fn run_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Call { call_id, method, payload, timeout, reply } => {
-                match self.proto.start_call(call_id, method, payload, timeout, driver::now()) {
+            Command::Call { call_id, method, payload, metadata, timeout, reply } => {
+                let now = driver::now();
+                match self.proto.start_call_with_metadata(call_id, method, payload, metadata, timeout, now) {
                     Ok(()) => {
                         self.pending.insert(call_id, reply);
                     }
@@ -258,14 +482,18 @@ impl ClientDriver {
     fn deliver_events(&mut self) {
         while let Some(ClientEvent::Completed { call_id, result, info }) = self.proto.poll_event() {
             if let Some(reply) = self.pending.remove(&call_id) {
-                tracing::debug!(call_id, request = %info.request, response = %info.response, ok = result.is_ok(), "call done");
                 let _ = reply.send(result.map(|b| (b, info)).map_err(call_error));
             }
         }
     }
 
     fn fail(&mut self, fatal: &Fatal) {
-        tracing::warn!(error = %fatal, calls = self.pending.len(), "connection failed");
+        // The server closing an idle connection (its graceful shutdown does that) is no failure.
+        if matches!(fatal, Fatal::Transport(TransportError::Disconnected(_))) && self.pending.is_empty() {
+            tracing::debug!(reason = %fatal, "connection closed by the peer");
+        } else {
+            tracing::warn!(error = %fatal, calls = self.pending.len(), "connection failed");
+        }
         self.conn.close();
         self.proto.fail_all(&fatal.to_string());
         driver::revoke_after_close(self.conn.as_mut(), &mut self.proto);
@@ -316,6 +544,9 @@ impl Future for ClientDriver {
 fn start_error(e: StartError) -> CallError {
     match e {
         StartError::TooLarge { len, max } => CallError::PayloadTooLarge { len, max },
+        StartError::MetadataTooLarge { len, max } => {
+            CallError::Metadata(crate::context::MetadataError::TooLarge { bytes: len, max })
+        }
         other => CallError::Protocol(other.to_string()),
     }
 }

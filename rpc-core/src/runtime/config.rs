@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::context::{Metadata, MetadataError};
 use crate::proto::ProtoConfig;
 
 /// Client settings.
@@ -14,11 +15,56 @@ pub struct ClientConfig {
     /// Deadline applied to calls whose [`CallOptions`] set none. Default 30 s, so that no call
     /// waits forever on a server that accepted it and never answers; `None` turns it off.
     pub default_deadline: Option<Duration>,
+    /// Longest a connection attempt may take (the first one and every reconnect). Default 10 s.
+    pub connect_timeout: Duration,
+    /// Reconnect when the connection is lost. Default `None`: a lost connection stays lost and
+    /// every later call fails with `Disconnected`. See [`Reconnect`].
+    pub reconnect: Option<Reconnect>,
 }
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        ClientConfig { proto: ProtoConfig::default(), default_deadline: Some(Duration::from_secs(30)) }
+        ClientConfig {
+            proto: ProtoConfig::default(),
+            default_deadline: Some(Duration::from_secs(30)),
+            connect_timeout: Duration::from_secs(10),
+            reconnect: None,
+        }
+    }
+}
+
+/// How a client reconnects ([`ClientConfig::reconnect`]): when its connection is lost, a
+/// background task connects again, waiting `initial_backoff` after a failed attempt, doubling
+/// the wait after each further failure up to `max_backoff`; each attempt is bounded by
+/// [`ClientConfig::connect_timeout`]. While it is not connected, calls fail at once with
+/// `CallError::NotConnected` (they were not sent). **No call is retried**: a call in progress
+/// when the connection was lost fails with `CallError::Disconnected`, which means it may or may
+/// not have run at the server; only the caller knows whether it is safe to repeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reconnect {
+    /// Wait after the first failed attempt. Default 50 ms.
+    pub initial_backoff: Duration,
+    /// Longest wait between attempts. Default 5 s.
+    pub max_backoff: Duration,
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Reconnect { initial_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(5) }
+    }
+}
+
+impl Reconnect {
+    /// Sets [`Reconnect::initial_backoff`].
+    pub fn initial_backoff(mut self, d: Duration) -> Self {
+        self.initial_backoff = d;
+        self
+    }
+    /// Sets [`Reconnect::max_backoff`].
+    pub fn max_backoff(mut self, d: Duration) -> Self {
+        self.max_backoff = d;
+        self
     }
 }
 
@@ -31,6 +77,16 @@ impl ClientConfig {
     /// Sets [`ClientConfig::default_deadline`].
     pub fn default_deadline(mut self, d: Duration) -> Self {
         self.default_deadline = Some(d);
+        self
+    }
+    /// Sets [`ClientConfig::connect_timeout`].
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+    /// Sets [`ClientConfig::reconnect`].
+    pub fn reconnect(mut self, policy: Reconnect) -> Self {
+        self.reconnect = Some(policy);
         self
     }
     /// Calls without a deadline of their own wait for as long as the connection lives.
@@ -144,6 +200,10 @@ pub struct CallOptions {
     /// Time allowed for the call, from when it is issued. Travels to the server as a relative
     /// duration; the server cancels the handler when it passes. Default: the client's default.
     pub deadline: Option<Duration>,
+    /// Key-value pairs sent with the call (a trace id, an auth token), bounded in count and bytes
+    /// (see [`Metadata`]); the handler reads them from its
+    /// [`Context`](crate::context::Context). Default: none.
+    pub metadata: Metadata,
 }
 
 impl CallOptions {
@@ -155,5 +215,19 @@ impl CallOptions {
     pub fn deadline(mut self, d: Duration) -> Self {
         self.deadline = Some(d);
         self
+    }
+    /// Sets [`CallOptions::metadata`].
+    pub fn metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+    /// Adds one metadata entry, or refuses with the limit it would break.
+    pub fn with_metadata(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<Self, MetadataError> {
+        self.metadata.insert(key, value)?;
+        Ok(self)
     }
 }

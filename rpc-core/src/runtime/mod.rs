@@ -6,9 +6,10 @@ mod client;
 mod config;
 mod driver;
 mod handshake;
+pub(crate) mod observe;
 mod server;
 
 pub use client::Client;
-pub use config::{CallOptions, ClientConfig, ServerConfig};
+pub use config::{CallOptions, ClientConfig, Reconnect, ServerConfig};
 pub use driver::ConnStats;
 pub use server::{Server, ServerResources};

@@ -22,8 +22,12 @@ use tracing::Instrument;
 use super::config::ServerConfig;
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
+use super::observe::{self, ServerMethod, ServerOutcome};
+use crate::context::{self, Metadata};
 use crate::error::ConnectError;
-use crate::proto::{MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode};
+use crate::proto::{
+    CancelReason, MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode,
+};
 use crate::service::Service;
 
 /// A running server. Dropping it stops accepting and aborts its connections; call
@@ -65,10 +69,15 @@ impl Server {
             budget: SharedBudget::new(config.max_rendezvous_bytes),
             ..Resources::default()
         });
+        let mut methods: Vec<_> =
+            service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name))).collect();
+        methods.sort_unstable_by_key(|(id, _)| *id);
+        let names = Arc::new(MethodTable { methods, unknown: ServerMethod::new("unknown") });
         let acceptor = Acceptor {
             listener,
             board: board.clone(),
             resources: resources.clone(),
+            names,
             service: Arc::new(service),
             handler_slots: Arc::new(Semaphore::new(config.max_concurrent_handlers)),
             config,
@@ -184,10 +193,31 @@ impl Drop for HandlerSlot {
     }
 }
 
+/// The name and metric handles of each method id the service has, registered at start.
+#[derive(Debug)]
+struct MethodTable {
+    /// Sorted by id (a binary search: no hashing per call).
+    methods: Vec<(MethodId, Arc<ServerMethod>)>,
+    /// For ids the service does not have.
+    unknown: Arc<ServerMethod>,
+}
+
+impl MethodTable {
+    fn get(&self, id: MethodId) -> Arc<ServerMethod> {
+        match self.methods.binary_search_by_key(&id, |(m, _)| *m) {
+            Ok(i) => self.methods[i].1.clone(),
+            Err(_) => self.unknown.clone(),
+        }
+    }
+}
+
+type MethodNames = Arc<MethodTable>;
+
 struct Acceptor {
     listener: Box<dyn Listener>,
     board: Arc<StatsBoard>,
     resources: Arc<Resources>,
+    names: MethodNames,
     service: Arc<dyn Service>,
     handler_slots: Arc<Semaphore>,
     config: ServerConfig,
@@ -240,6 +270,8 @@ impl Acceptor {
         let driver = ServerDriver {
             proto,
             conn,
+            peer: info.peer.as_str().into(),
+            names: self.names.clone(),
             service: self.service.clone(),
             handler_slots: self.handler_slots.clone(),
             slot_wait: None,
@@ -302,12 +334,42 @@ struct Waiting {
     method: MethodId,
     payload: Bytes,
     path: Path,
+    metadata: Bytes,
+    /// When the request arrived: its deadline and its duration count from here.
+    arrived: tokio::time::Instant,
+    timeout: Option<Duration>,
+}
+
+/// A running handler.
+struct Running {
+    abort: AbortHandle,
+    call: CallReport,
+}
+
+/// What a call's end reports (its `call` span, event and metrics).
+struct CallReport {
+    method: MethodId,
+    name: Arc<ServerMethod>,
+    span: tracing::Span,
+    arrived: tokio::time::Instant,
+    request_bytes: usize,
+}
+
+impl CallReport {
+    /// Reports the call's end at `now` (read once per batch of events by the caller).
+    fn done(&self, now: tokio::time::Instant, response: Option<(usize, Path)>, outcome: ServerOutcome) {
+        let elapsed = now.saturating_duration_since(self.arrived);
+        observe::server_call_done(&self.span, &self.name, self.request_bytes, response, elapsed, outcome);
+    }
 }
 
 /// The task that owns one server connection and its state machine.
 struct ServerDriver {
     proto: ServerProto,
     conn: Box<dyn Connection>,
+    /// The client's address, for spans and handler contexts.
+    peer: Arc<str>,
+    names: MethodNames,
     service: Arc<dyn Service>,
     /// The server-wide handler slots (FIFO: each connection waits for at most one at a time,
     /// so no connection starves another).
@@ -320,8 +382,8 @@ struct ServerDriver {
     waiting: VecDeque<Waiting>,
     resources: Arc<Resources>,
     _open: OpenConnection,
-    /// Running handlers: their method (to learn its response size) and abort handle.
-    handlers: HashMap<u64, (MethodId, AbortHandle)>,
+    /// Running handlers: their method (to learn its response size), abort handle and span.
+    handlers: HashMap<u64, Running>,
     /// Response sizes seen per method, to reserve budget before a handler starts.
     estimates: ResponseEstimates,
     results_tx: mpsc::UnboundedSender<HandlerResult>,
@@ -392,10 +454,37 @@ impl ServerDriver {
     }
 
     fn spawn_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
-        let Waiting { call_id, method, payload, path } = req;
-        let span = tracing::debug_span!("call", call_id, method = format_args!("{method:#010x}"), %path);
+        let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
+        let name = self.names.get(method);
+        let span = tracing::debug_span!(
+            "call",
+            method = %name.name,
+            call_id,
+            peer = %self.peer,
+            %path,
+            trace_id = tracing::field::Empty,
+        );
+        let request_bytes = payload.len();
+        let call = CallReport { method, name, span, arrived, request_bytes };
+        let metadata = match Metadata::decode(&metadata) {
+            Ok(m) => m,
+            Err(e) => {
+                // Answered at once, without a handler (the slot goes back when `permit` drops).
+                let err = WireError::new(WireErrorCode::BadRequest, format!("metadata: {e}"));
+                call.done(arrived, None, ServerOutcome::Failed(err.code));
+                self.proto.respond(call_id, Err(err));
+                return;
+            }
+        };
+        if let Some(trace) = metadata.get(context::TRACE_ID_KEY) {
+            call.span.record("trace_id", tracing::field::display(trace));
+        }
+        let deadline = timeout.and_then(|t| arrived.checked_add(t));
+        let ctx =
+            context::Context::new(call.name.name, method, call_id, self.peer.clone(), deadline, metadata);
         // The response is encoded into the connection's registered memory (see `codec::encode`).
-        let fut = crate::codec::with_pool(self.conn.pool().clone(), self.service.call(method, payload));
+        let fut =
+            crate::codec::with_pool(self.conn.pool().clone(), ctx.scope(self.service.call(method, payload)));
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         let results = self.results_tx.clone();
@@ -409,21 +498,37 @@ impl ServerDriver {
             };
             let _ = results.send((call_id, result));
         };
-        let handle = tokio::spawn(task.instrument(span));
-        self.handlers.insert(call_id, (method, handle.abort_handle()));
+        let handle = tokio::spawn(task.instrument(call.span.clone()));
+        self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call });
     }
 
     fn run_events(&mut self) {
+        // The clock is read at most once per batch of events.
+        let mut now = None;
+        let mut now = || *now.get_or_insert_with(tokio::time::Instant::now);
         while let Some(event) = self.proto.poll_event() {
             match event {
-                ServerEvent::Request { call_id, method, payload, path, .. } => {
+                ServerEvent::Request { call_id, method, payload, path, metadata, timeout } => {
                     self.resources.requests_waiting.fetch_add(1, Ordering::Relaxed);
-                    self.waiting.push_back(Waiting { call_id, method, payload, path });
+                    let arrived = now();
+                    self.waiting.push_back(Waiting {
+                        call_id,
+                        method,
+                        payload,
+                        path,
+                        metadata,
+                        arrived,
+                        timeout,
+                    });
                 }
                 ServerEvent::Cancel { call_id, reason } => {
-                    if let Some((_, h)) = self.handlers.remove(&call_id) {
-                        tracing::debug!(call_id, ?reason, "aborting handler");
-                        h.abort();
+                    if let Some(running) = self.handlers.remove(&call_id) {
+                        running.abort.abort();
+                        let outcome = match reason {
+                            CancelReason::Cancelled => ServerOutcome::Cancelled,
+                            CancelReason::DeadlineExceeded => ServerOutcome::DeadlineExceeded,
+                        };
+                        running.call.done(now(), None, outcome);
                     } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
                         tracing::debug!(call_id, ?reason, "dropping a request that waited for a handler");
                         self.waiting.remove(i);
@@ -436,12 +541,23 @@ impl ServerDriver {
 
     fn poll_results(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
+        let mut now = None;
+        let mut now = || *now.get_or_insert_with(tokio::time::Instant::now);
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            if let Some((method, _)) = self.handlers.remove(&call_id) {
-                if let Ok(bytes) = &result {
-                    self.estimates.observe(method, bytes.len() as u64);
+            if let Some(running) = self.handlers.remove(&call_id) {
+                match &result {
+                    Ok(bytes) => {
+                        self.estimates.observe(running.call.method, bytes.len() as u64);
+                        let path = if bytes.len() <= self.proto.eager_limit() {
+                            Path::Eager
+                        } else {
+                            Path::Rendezvous
+                        };
+                        running.call.done(now(), Some((bytes.len(), path)), ServerOutcome::Ok);
+                    }
+                    Err(e) => running.call.done(now(), None, ServerOutcome::Failed(e.code)),
                 }
                 self.proto.respond(call_id, result);
             }
@@ -486,8 +602,9 @@ impl ServerDriver {
 
     fn stop(&mut self) {
         self.publish_stats();
-        for (_, (_, h)) in self.handlers.drain() {
-            h.abort();
+        for (_, running) in self.handlers.drain() {
+            running.abort.abort();
+            running.call.done(tokio::time::Instant::now(), None, ServerOutcome::Disconnected);
         }
         self.drop_waiting();
         self.proto.fail_all();
@@ -600,8 +717,8 @@ impl ServerDriver {
 
 impl Drop for ServerDriver {
     fn drop(&mut self) {
-        for (_, (_, h)) in self.handlers.drain() {
-            h.abort();
+        for (_, running) in self.handlers.drain() {
+            running.abort.abort();
         }
         self.drop_waiting();
     }

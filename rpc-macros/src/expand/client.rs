@@ -1,10 +1,11 @@
 //! `<Trait>Client`: the typed stub that turns method calls into requests.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::quote;
 use syn::ext::IdentExt;
 
 use super::Context;
+use crate::method_id::qualified_name;
 use crate::model::{MethodDef, ServiceDef};
 
 /// The client struct, its constructors and one `async fn` per service method.
@@ -55,11 +56,15 @@ fn client_method(ctx: &Context, method: &MethodDef) -> TokenStream {
     });
     let arg_names = args.iter().map(|arg| &arg.ident);
     let id = ctx.method_id_path(method);
+    let name = qualified_name(&ctx.trait_ident.unraw().to_string(), &method.name());
     let docs = client_method_docs(ctx, method);
+    // The method's name and metric handles, registered once per process.
+    let method_static = Ident::new("__RPC_CORE_METHOD", Span::mixed_site());
     quote! {
         #docs
         pub async fn #ident(&self, #(#params),*) -> ::core::result::Result<#output, #krate::CallError> {
-            #krate::__private::call(&self.client, &self.opts, #id, &(#(#arg_names,)*)).await
+            static #method_static: #krate::__private::ClientMethod = #krate::__private::ClientMethod::new(#name);
+            #krate::__private::call(&self.client, &self.opts, #id, &#method_static, &(#(#arg_names,)*)).await
         }
     }
 }

@@ -1,12 +1,12 @@
 //! Method ids: one associated const per method on `<Trait>Client`, and a compile-time uniqueness check.
 //!
-//! Ids hash `"Trait.method"`, so they depend on names only, never on declaration order.
+//! Ids hash `"Trait.method(arg:Type,..)->Output"`: names and types, never declaration order.
 
 use proc_macro2::TokenStream;
 use quote::quote;
 
 use super::{method_id_const, Context};
-use crate::method_id::qualified_name;
+use crate::method_id::signature;
 use crate::model::ServiceDef;
 
 /// `impl KvClient { pub const GET: MethodId = method_id("Kv.get"); .. }`.
@@ -14,11 +14,13 @@ pub(super) fn method_id_consts(ctx: &Context, service: &ServiceDef) -> TokenStre
     let Context { krate, client_ident, .. } = ctx;
     let consts = service.methods.iter().map(|method| {
         let constant = method_id_const(method);
-        let qualified = qualified_name(&service.name(), &method.name());
-        let doc = format!("Method id of `{qualified}`: its 32-bit FNV-1a hash, as sent on the wire.");
+        let signature = signature(&service.name(), method);
+        let doc = format!(
+            "Method id of `{signature}`: the 32-bit FNV-1a hash of that signature, as sent on the wire."
+        );
         quote! {
             #[doc = #doc]
-            pub const #constant: #krate::MethodId = #krate::__private::method_id(#qualified);
+            pub const #constant: #krate::MethodId = #krate::__private::method_id(#signature);
         }
     });
     quote! {

@@ -16,7 +16,9 @@ use crate::model::{MethodDef, ServiceDef};
 /// Expands `#[service(attr)] item`.
 pub(crate) fn service(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let args = ServiceArgs::parse(attr);
-    let service = parse_trait(item).and_then(ServiceDef::from_trait);
+    // The context type is recognised under the crate path the expansion uses.
+    let krate = args.as_ref().map_or_else(|_| ServiceArgs::default_krate(), |a| a.krate.clone());
+    let service = parse_trait(item).and_then(|item| ServiceDef::from_trait(item, &krate));
     let (args, service) = match (args, service) {
         (Ok(args), Ok(service)) => (args, service),
         (Err(mut a), Err(b)) => {

@@ -2,8 +2,10 @@
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::quote;
+use syn::ext::IdentExt;
 
 use super::Context;
+use crate::method_id::qualified_name;
 use crate::model::{MethodDef, ServiceDef};
 
 /// The server struct, its constructors, `Clone`/`Debug` and its `rpc_core::Service` impl.
@@ -75,7 +77,7 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
                 #service_name
             }
 
-            fn methods(&self) -> &'static [#krate::MethodDesc] {
+            fn methods(&self) -> &[#krate::MethodDesc] {
                 const METHODS: &[#krate::MethodDesc] = &[#(#descs),*];
                 METHODS
             }
@@ -104,8 +106,9 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
 fn method_desc(ctx: &Context, method: &MethodDef) -> TokenStream {
     let krate = &ctx.krate;
     let name = method.name();
+    let full_name = qualified_name(&ctx.trait_ident.unraw().to_string(), &name);
     let id = ctx.method_id_path(method);
-    quote!(#krate::MethodDesc { name: #name, id: #id })
+    quote!(#krate::MethodDesc { name: #name, full_name: #full_name, id: #id })
 }
 
 /// `KvClient::GET => { let inner = ..; serve(payload, move |(key,): (String,)| async move { .. }) }`.
@@ -116,11 +119,13 @@ fn dispatch_arm(ctx: &Context, method: &MethodDef, payload: &Ident) -> TokenStre
     let inner = Ident::new("inner", Span::mixed_site());
     let names: Vec<_> = method.args.iter().map(|arg| &arg.ident).collect();
     let types = method.args.iter().map(|arg| &arg.ty);
+    // The call's context, taken inside the handler's task (where the server put it).
+    let context = method.context.as_ref().map(|_| quote!(#krate::__private::current_context(),));
     quote! {
         #id => {
             let #inner = ::core::clone::Clone::clone(&self.inner);
             #krate::__private::serve(#payload, move |(#(#names,)*): (#(#types,)*)| async move {
-                <#s as #trait_ident>::#ident(&*#inner, #(#names),*).await
+                <#s as #trait_ident>::#ident(&*#inner, #context #(#names),*).await
             })
         }
     }

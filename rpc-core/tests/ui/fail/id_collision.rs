@@ -1,8 +1,8 @@
-// "Clash.write_qqrd" and "Clash.fetch_qpfhai" have the same 32-bit FNV-1a hash.
+// "Clash.m_hdtrw()->()" and "Clash.m_vckxa()->()" have the same 32-bit FNV-1a hash.
 #[rpc_core::service]
 trait Clash {
-    async fn write_qqrd(&self);
-    async fn fetch_qpfhai(&self);
+    async fn m_hdtrw(&self);
+    async fn m_vckxa(&self);
 }
 
 fn main() {}

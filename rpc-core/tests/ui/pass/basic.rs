@@ -65,9 +65,9 @@ fn main() {
     assert_eq!(kv.pings.load(Ordering::Relaxed), 1);
 
     // Ids hash "Trait.method".
-    assert_eq!(KvClient::GET, rpc_core::__private::method_id("Kv.get"));
-    assert_eq!(KvClient::PUT, rpc_core::__private::method_id("Kv.put"));
-    assert_eq!(KvClient::PING, rpc_core::__private::method_id("Kv.ping"));
+    assert_eq!(KvClient::GET, rpc_core::__private::method_id("Kv.get(key:String)->Option<Vec<u8>>"));
+    assert_eq!(KvClient::PUT, rpc_core::__private::method_id("Kv.put(key:String,value:Vec<u8>)->u64"));
+    assert_eq!(KvClient::PING, rpc_core::__private::method_id("Kv.ping()->()"));
 
     let kv = std::sync::Arc::new(kv);
     let server = KvServer::from_arc(kv.clone());

@@ -19,7 +19,7 @@ impl Echo for Parrot {
 }
 
 fn main() {
-    assert_eq!(EchoClient::ECHO, renamed_rpc::__private::method_id("Echo.echo"));
+    assert_eq!(EchoClient::ECHO, renamed_rpc::__private::method_id("Echo.echo(text:String)->String"));
     assert_eq!(EchoServer::new(Parrot).name(), "Echo");
     assert_eq!(futures::executor::block_on(Parrot.echo("hi".into())), "hi");
 }

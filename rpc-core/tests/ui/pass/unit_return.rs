@@ -34,6 +34,6 @@ fn main() {
     assert!(lamp.0.load(Ordering::SeqCst));
     block_on(lamp.turn_off());
     assert!(!lamp.0.load(Ordering::SeqCst));
-    assert_eq!(SwitchClient::TURN_ON, rpc_core::__private::method_id("Switch.turn_on"));
-    assert_eq!(SwitchClient::TURN_OFF, rpc_core::__private::method_id("Switch.turn_off"));
+    assert_eq!(SwitchClient::TURN_ON, rpc_core::__private::method_id("Switch.turn_on()->()"));
+    assert_eq!(SwitchClient::TURN_OFF, rpc_core::__private::method_id("Switch.turn_off()->()"));
 }

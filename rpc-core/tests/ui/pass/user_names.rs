@@ -37,7 +37,7 @@ impl Names for Impl {
 fn main() {
     assert_eq!(block_on(Impl.r#type(S(1), 2, 3, 4, 5)), S(15));
     assert_eq!(block_on(Impl.adjust(1)), 2);
-    assert_eq!(NamesClient::TYPE, rpc_core::__private::method_id("Names.type"));
+    assert_eq!(NamesClient::TYPE, rpc_core::__private::method_id("Names.type(inner:S,payload:u8,method:u16,client:u32,opts:u64)->S"));
     let server = NamesServer::new(Impl);
     assert_eq!(server.methods()[0].name, "type");
     // The dispatcher's own locals don't capture the user's `inner`/`payload`/`method` arguments.

@@ -1,0 +1,219 @@
+//! What every call reports when it ends, on each side: one debug-level `tracing` event inside
+//! its `call` span, and `metrics` (counters and a latency histogram per method).
+//!
+//! Metrics go through the [`metrics`] facade: nothing is recorded until the application installs
+//! a recorder (e.g. `metrics-exporter-prometheus`), and then these are:
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `rpc_client_calls_total` | counter | `method` |
+//! | `rpc_client_errors_total` | counter | `method`, `kind` ([`CallError::kind`]) |
+//! | `rpc_client_call_duration_seconds` | histogram | `method` |
+//! | `rpc_server_calls_total` | counter | `method` |
+//! | `rpc_server_errors_total` | counter | `method`, `kind` (`handler`, `bad_request`, `unknown_method`, `cancelled`, `deadline_exceeded`, ..) |
+//! | `rpc_server_call_duration_seconds` | histogram | `method` |
+//!
+//! `method` is `"Service.method"`; an id the server does not know is `"unknown"`, and calls made
+//! through [`Client::call`](crate::Client::call) directly (not a generated stub) are `"dynamic"`.
+//!
+//! Install the recorder before creating servers and making calls: the handles of each method are
+//! registered once (a server's when it starts, a stub method's on its first call) and kept, so a
+//! call costs no registration or label allocation.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics::{Counter, Histogram};
+use tracing::Span;
+
+use crate::error::CallError;
+use crate::proto::{CallInfo, MethodId, Path, WireErrorCode};
+
+/// A client method's metric handles, registered on first use. Generated stubs keep one in a
+/// `static` per method.
+#[derive(Debug)]
+pub struct ClientMethod {
+    name: &'static str,
+    handles: OnceLock<(Counter, Histogram)>,
+}
+
+impl ClientMethod {
+    /// The handles of `name` (`"Service.method"`), registered when first used.
+    pub const fn new(name: &'static str) -> Self {
+        ClientMethod { name, handles: OnceLock::new() }
+    }
+
+    /// `"Service.method"`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn handles(&self) -> &(Counter, Histogram) {
+        self.handles.get_or_init(|| {
+            (
+                metrics::counter!("rpc_client_calls_total", "method" => self.name),
+                metrics::histogram!("rpc_client_call_duration_seconds", "method" => self.name),
+            )
+        })
+    }
+}
+
+/// Calls through [`Client::call`](crate::Client::call) directly.
+static DYNAMIC: ClientMethod = ClientMethod::new("dynamic");
+
+/// How a client call names its method: a stub's (with its metric handles), or a bare id.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum MethodName {
+    Stub(&'static ClientMethod),
+    Id(MethodId),
+}
+
+impl MethodName {
+    fn metrics(self) -> &'static ClientMethod {
+        match self {
+            MethodName::Stub(m) => m,
+            MethodName::Id(_) => &DYNAMIC,
+        }
+    }
+}
+
+impl fmt::Display for MethodName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MethodName::Stub(m) => f.write_str(m.name),
+            MethodName::Id(id) => write!(f, "{id:#010x}"),
+        }
+    }
+}
+
+/// A server method's name and metric handles, registered when the server starts.
+#[derive(Debug)]
+pub(crate) struct ServerMethod {
+    pub(crate) name: &'static str,
+    calls: Counter,
+    duration: Histogram,
+}
+
+impl ServerMethod {
+    pub(crate) fn new(name: &'static str) -> Arc<ServerMethod> {
+        Arc::new(ServerMethod {
+            name,
+            calls: metrics::counter!("rpc_server_calls_total", "method" => name),
+            duration: metrics::histogram!("rpc_server_call_duration_seconds", "method" => name),
+        })
+    }
+}
+
+/// How a call ended at the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServerOutcome {
+    Ok,
+    Failed(WireErrorCode),
+    Cancelled,
+    DeadlineExceeded,
+    /// The connection closed first.
+    Disconnected,
+}
+
+impl ServerOutcome {
+    fn kind(self) -> &'static str {
+        match self {
+            ServerOutcome::Ok => "ok",
+            ServerOutcome::Failed(code) => match code {
+                WireErrorCode::UnknownMethod => "unknown_method",
+                WireErrorCode::BadRequest => "bad_request",
+                WireErrorCode::Handler => "handler",
+                WireErrorCode::Overloaded => "overloaded",
+                WireErrorCode::ShuttingDown => "shutting_down",
+                WireErrorCode::PayloadTooLarge => "payload_too_large",
+                WireErrorCode::ReadFailed => "read_failed",
+                _ => "other",
+            },
+            ServerOutcome::Cancelled => "cancelled",
+            ServerOutcome::DeadlineExceeded => "deadline_exceeded",
+            ServerOutcome::Disconnected => "disconnected",
+        }
+    }
+}
+
+/// A finished client call: the event in `span` and the metrics.
+pub(crate) fn client_call_done(
+    span: &Span,
+    method: MethodName,
+    request_bytes: usize,
+    elapsed: Duration,
+    result: &Result<(bytes::Bytes, CallInfo), CallError>,
+) {
+    let duration_us = elapsed.as_micros() as u64;
+    match result {
+        Ok((response, info)) => tracing::debug!(
+            parent: span,
+            request_bytes,
+            response_bytes = response.len(),
+            request_path = %info.request,
+            response_path = %info.response,
+            duration_us,
+            outcome = "ok",
+            "call finished"
+        ),
+        Err(e) => tracing::debug!(
+            parent: span,
+            request_bytes,
+            duration_us,
+            outcome = e.kind(),
+            error = %e,
+            "call finished"
+        ),
+    }
+    client_metrics(method.metrics(), elapsed, result.as_ref().err().map(CallError::kind));
+}
+
+/// A client call whose future was dropped before it finished (cancelled by the caller).
+pub(crate) fn client_call_dropped(span: &Span, method: MethodName, request_bytes: usize, elapsed: Duration) {
+    let duration_us = elapsed.as_micros() as u64;
+    tracing::debug!(parent: span, request_bytes, duration_us, outcome = "cancelled", "call finished");
+    client_metrics(method.metrics(), elapsed, Some("cancelled"));
+}
+
+fn client_metrics(method: &ClientMethod, elapsed: Duration, error: Option<&'static str>) {
+    let (calls, duration) = method.handles();
+    calls.increment(1);
+    duration.record(elapsed.as_secs_f64());
+    if let Some(kind) = error {
+        // Errors are the slow path: registered when they happen.
+        metrics::counter!("rpc_client_errors_total", "method" => method.name, "kind" => kind).increment(1);
+    }
+}
+
+/// A finished server call: the event in `span` and the metrics.
+pub(crate) fn server_call_done(
+    span: &Span,
+    method: &ServerMethod,
+    request_bytes: usize,
+    response: Option<(usize, Path)>,
+    elapsed: Duration,
+    outcome: ServerOutcome,
+) {
+    let duration_us = elapsed.as_micros() as u64;
+    match response {
+        Some((response_bytes, response_path)) => tracing::debug!(
+            parent: span,
+            request_bytes,
+            response_bytes,
+            %response_path,
+            duration_us,
+            outcome = outcome.kind(),
+            "call finished"
+        ),
+        None => {
+            tracing::debug!(parent: span, request_bytes, duration_us, outcome = outcome.kind(), "call finished")
+        }
+    }
+    method.calls.increment(1);
+    method.duration.record(elapsed.as_secs_f64());
+    if outcome != ServerOutcome::Ok {
+        metrics::counter!("rpc_server_errors_total", "method" => method.name, "kind" => outcome.kind())
+            .increment(1);
+    }
+}
