@@ -139,12 +139,14 @@ pub struct ConnParams {
     /// to the peer in the hello. When the peer registers a region whose whole length fits the
     /// window it has left, its transport sends the bytes right away, ahead of the frame that
     /// advertises the region, and our READ of exactly that region completes from them without a
-    /// round trip (see the `tcp` module). Bytes come back to the window when read or when the
-    /// peer revokes the region; a peer that pushes beyond the window fails the connection as
+    /// round trip (see the `tcp` module). Bytes come back to the window when read, or dropped
+    /// when the peer revokes the region; a peer that pushes beyond the window fails the connection as
     /// `Malformed`. Default 32 MiB (a 16 MiB payload with its encoding fits). Memory cost: up to
     /// this many bytes per connection, held by the transport for regions the peer registered and
-    /// we have not read yet, on top of what the protocol above budgets for its READs. 0 disables
-    /// pushing to this side (every READ then goes to the peer).
+    /// we have not read yet, on top of what the protocol above budgets for its READs, plus one
+    /// idle buffer of at most this size kept for the next push; a listener's connections hold at
+    /// most [`ConnParams::tcp_push_listener_total`] together. 0 disables pushing to this side
+    /// (every READ then goes to the peer).
     pub tcp_push_window: u64,
     /// tcp listeners only: pushed bytes (see [`ConnParams::tcp_push_window`]) that all the
     /// connections accepted by the listener hold at once, together. A push beyond it is read

@@ -18,11 +18,13 @@ const MIN_OVERFLOW: usize = 64;
 #[derive(Debug)]
 enum Pending {
     Send(WrId),
-    /// `dst` is `None` while a backend fills it outside the lock.
+    /// `dst` is `None` while a backend fills it outside the lock. `done`: the READ completed
+    /// at once ([`State::read_at_once`]) and is reported when every READ posted before it is.
     Read {
         wr_id: WrId,
         remote: RegionDesc,
         dst: Option<Buf>,
+        done: Option<Buf>,
     },
 }
 
@@ -187,14 +189,32 @@ impl State {
     pub(super) fn begin_read(&mut self, wr_id: WrId, remote: RegionDesc, dst: Buf) -> Result<OpId, Death> {
         self.alive()?;
         self.counters.reads_issued += 1;
-        Ok(self.new_op(Pending::Read { wr_id, remote, dst: Some(dst) }))
+        Ok(self.new_op(Pending::Read { wr_id, remote, dst: Some(dst), done: None }))
     }
 
+    /// A READ whose data the backend already holds. READ completions come in posting order (as
+    /// on a verbs send queue): it is reported now if no earlier READ is pending, else as soon as
+    /// they all are (and flushed with them if the endpoint dies first).
     pub(super) fn read_at_once(&mut self, wr_id: WrId, remote: RegionDesc, data: Buf) -> Result<(), Death> {
-        let op = self.begin_read(wr_id, remote, Buf::zeroed(0))?;
+        self.alive()?;
+        self.counters.reads_issued += 1;
         self.counters.reads_served_from_push += 1;
-        self.complete_read(op, Ok(data));
+        self.new_op(Pending::Read { wr_id, remote, dst: None, done: Some(data) });
+        self.report_done_reads();
         Ok(())
+    }
+
+    /// Reports the READs completed at once that no pending READ posted earlier holds back.
+    fn report_done_reads(&mut self) {
+        loop {
+            let first = self.pending.iter_mut().find(|(_, p)| matches!(p, Pending::Read { .. }));
+            let Some((&op, Pending::Read { wr_id, done, .. })) = first else { return };
+            let Some(data) = done.take() else { return };
+            let wr_id = *wr_id;
+            self.pending.remove(&op);
+            self.counters.bytes_read += data.len() as u64;
+            self.push(Completion::Read { wr_id, result: Ok(data) });
+        }
     }
 
     pub(super) fn take_read(&mut self, op: OpId) -> Option<(RegionDesc, Buf)> {
@@ -208,10 +228,16 @@ impl State {
         if let Some(Pending::Read { wr_id, .. }) = self.pending.get(&op) {
             let wr_id = *wr_id;
             self.pending.remove(&op);
+            let ok = result.is_ok();
             if let Ok(bytes) = &result {
                 self.counters.bytes_read += bytes.len() as u64;
             }
             self.push(Completion::Read { wr_id, result });
+            // After a failed READ the connection fails (as a queue pair does): READs posted
+            // after it are flushed, not reported done.
+            if ok {
+                self.report_done_reads();
+            }
         }
     }
 

@@ -181,3 +181,42 @@ fn params_are_validated() {
     let big = ConnParams { private_data: Bytes::from(vec![0; MAX_PRIVATE_DATA + 1]), ..Default::default() };
     assert!(matches!(validate_params(&big), Err(TransportError::Handshake(_))));
 }
+
+#[test]
+fn reads_completed_at_once_wait_for_earlier_reads_and_die_with_them() {
+    let soft = Soft::new(&ConnParams::default());
+    let remote = RegionDesc { addr: 0, len: 2, rkey: 1 };
+    let first = soft.begin_read(1, remote, vec![0; 2].into()).unwrap();
+    soft.read_at_once(2, remote, b"pp".to_vec().into()).unwrap();
+    soft.read_at_once(3, remote, b"qq".to_vec().into()).unwrap();
+    let (done, _) = drain(&soft);
+    assert!(done.is_empty(), "held back by READ 1: {done:?}");
+    soft.complete_read(first, Ok(b"ab".to_vec().into()));
+    let (done, _) = drain(&soft);
+    let ids: Vec<u64> = done
+        .iter()
+        .map(|c| match c {
+            Completion::Read { wr_id, result: Ok(_) } => *wr_id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, [1, 2, 3], "in posting order");
+    assert_eq!(soft.counters().bytes_read, 6);
+
+    // Behind a READ that fails, they are flushed with the connection.
+    let first = soft.begin_read(4, remote, vec![0; 2].into()).unwrap();
+    soft.read_at_once(5, remote, b"rr".to_vec().into()).unwrap();
+    soft.complete_read(first, Err(ReadError::InvalidKey(1)));
+    soft.fail(Death::Closed("refused".into()));
+    let (done, _) = drain(&soft);
+    assert!(
+        matches!(
+            &done[..],
+            [
+                Completion::Read { wr_id: 4, result: Err(ReadError::InvalidKey(1)) },
+                Completion::Read { wr_id: 5, result: Err(ReadError::Flushed) },
+            ]
+        ),
+        "{done:?}"
+    );
+}

@@ -44,7 +44,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{BufReader, BufWriter};
+use tokio::io::BufReader;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
@@ -61,7 +61,7 @@ pub use listener::listen;
 
 /// READs a tcp connection may have in flight: requests are pipelined on the stream.
 const MAX_READS_IN_FLIGHT: u32 = 64;
-/// Socket buffering of the reader and writer tasks.
+/// Socket buffering of the reader task.
 const IO_BUFFER: usize = 64 * 1024;
 
 /// Connects to a tcp listener at `addr` and performs the setup handshake. The TCP connect and
@@ -179,7 +179,7 @@ impl TcpConnection {
 
         let (writer_soft, mut stop, mut out_rx) = (soft.clone(), stop_rx, out_rx);
         tokio::spawn(async move {
-            let mut w = BufWriter::with_capacity(IO_BUFFER, write_half);
+            let mut w = write_half;
             tokio::select! {
                 death = writer::run(&mut w, &mut out_rx, &writer_soft) => writer_soft.fail(death),
                 _ = stop.wait_for(|stopped| *stopped) => {}

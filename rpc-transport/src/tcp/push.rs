@@ -15,10 +15,12 @@
 //! the owner. Any other READ goes to the owner, which checks key and bounds as always, and drops
 //! the pushed bytes of that key: after the first READ of a key, every READ of it is checked by
 //! the owner, so a READ posted after the owner's REVOKE arrived is refused and closes the
-//! connection exactly as without push. Bytes of a key that arrive while a READ of it is in
-//! flight to the owner are dropped on arrival (the owner pushed them before it served that
-//! READ). Each pushed region is handed back (WINDOW, with its key and length) exactly once, as
-//! soon as its bytes are consumed or dropped.
+//! connection exactly as without push. (A READ racing the revoke, posted before the REVOKE
+//! arrives, may complete from the pushed bytes, which the owner chose to send us; the protocol
+//! never issues one: it revokes a region only once the peer is done READing it.) Bytes of a key
+//! that arrive while a READ of it is in flight to the owner are dropped on arrival (the owner
+//! pushed them before it served that READ). Each pushed region is handed back (WINDOW, with its
+//! key and length) exactly once, as soon as its bytes are consumed or dropped.
 //!
 //! Memory: at most the window we announced is held for the peer; the connections of one
 //! listener together hold at most [`crate::ConnParams::tcp_push_listener_total`] (a push beyond

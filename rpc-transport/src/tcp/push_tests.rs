@@ -235,3 +235,23 @@ async fn a_listeners_connections_share_one_push_pool() {
     assert_eq!((sa.counters().reads_served_from_push, a.counters().reads_served), (1, 0));
     assert_eq!((sb.counters().reads_served_from_push, b.counters().reads_served), (0, 1));
 }
+
+#[tokio::test]
+async fn a_read_served_from_push_completes_after_the_reads_posted_before_it() {
+    let (mut reader, mut owner) = pair(window(100), ConnParams::default()).await;
+    let (a, b) = (pattern(200, 1), pattern(50, 2));
+    let da = owner.register(a.clone()).unwrap(); // beyond the window: READ from the owner
+    let db = owner.register(b.clone()).unwrap(); // pushed
+    until("the push to arrive", || reader.push.held() == 50).await;
+    reader.post_read(1, da, vec![0; 200].into()).unwrap();
+    reader.post_read(2, db, vec![0; 50].into()).unwrap();
+    for (wr_id, data) in [(1, a), (2, b)] {
+        match next(&mut reader).await.expect("alive") {
+            Completion::Read { wr_id: id, result: Ok(got) } => {
+                assert_eq!((id, got.to_vec()), (wr_id, data.to_vec()))
+            }
+            other => panic!("expected READ {wr_id}, got {other:?}"),
+        }
+    }
+    assert_eq!((reader.counters().reads_served_from_push, owner.counters().reads_served), (1, 1));
+}

@@ -1,10 +1,14 @@
-//! The writer side of a tcp connection: writes queued frames in batches, one flush per batch.
+//! The writer side of a tcp connection: writes queued frames in batches, each batch in one
+//! vectored write where it can (headers and small payloads copied into one buffer, large
+//! payloads written from their own `Bytes`), so that a pushed region, the SEND that advertises
+//! it and whatever else is queued leave in one system call.
 
 use std::io::IoSlice;
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::wire;
@@ -32,28 +36,34 @@ pub(crate) enum Outgoing {
     Close { death: Death },
 }
 
-/// Payloads from this size on are written with their header in one vectored write (smaller ones
-/// are copied into the buffer).
-const VECTORED_PAYLOAD: usize = 16 * 1024;
+/// Payloads from this size on are written from their own buffer; smaller ones are copied into
+/// the batch's buffer with the headers.
+const COPY_BELOW: usize = 16 * 1024;
 
 /// Frames written per batch at most, so that completions of a long burst are not held back.
 const MAX_BATCH: usize = 256;
 
+/// Bytes copied into a batch's buffer at most before it is written out.
+const MAX_COPIED: usize = 64 * 1024;
+
+/// Pieces of a batch at most before it is written out (well under the kernel's `IOV_MAX`).
+const MAX_PIECES: usize = 512;
+
 /// Writes frames until the queue closes, a write fails or a [`Outgoing::Close`] is written;
 /// returns why it stopped.
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
+    w: &mut W,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     soft: &Arc<Soft>,
 ) -> Death {
-    let mut written: Vec<OpId> = Vec::with_capacity(MAX_BATCH);
+    let mut batch = Batch::default();
     while let Some(first) = rx.recv().await {
-        let closing = match write_batch(w, first, rx, &mut written).await {
+        let closing = match write_batch(w, first, rx, &mut batch).await {
             Ok(closing) => closing,
             Err(e) => return Death::Closed(format!("write failed: {e}")),
         };
-        soft.complete_sends_ok(&written);
-        written.clear();
+        soft.complete_sends_ok(&batch.sends);
+        batch.sends.clear();
         if let Some(death) = closing {
             return death;
         }
@@ -61,13 +71,116 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
     Death::Closed("connection dropped".into())
 }
 
-/// Writes `first` and whatever else is queued (up to [`MAX_BATCH`], or up to a `Close`), then
-/// flushes once. Returns the death of a `Close` it reached.
+/// Frames being assembled for one write.
+#[derive(Debug, Default)]
+struct Batch {
+    /// Headers and small payloads, back to back.
+    copied: Vec<u8>,
+    /// What to write, in order.
+    pieces: Vec<Piece>,
+    /// Our SENDs in this batch, completed once it is written.
+    sends: Vec<OpId>,
+    /// Permits of READ responses in this batch, released once it is written.
+    permits: Vec<OwnedSemaphorePermit>,
+}
+
+#[derive(Debug)]
+enum Piece {
+    Copied(Range<usize>),
+    Shared(Bytes),
+}
+
+impl Batch {
+    fn copy(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let start = self.copied.len();
+        self.copied.extend_from_slice(bytes);
+        let end = self.copied.len();
+        match self.pieces.last_mut() {
+            Some(Piece::Copied(r)) if r.end == start => r.end = end,
+            _ => self.pieces.push(Piece::Copied(start..end)),
+        }
+    }
+
+    fn payload(&mut self, data: &Bytes) {
+        if data.len() < COPY_BELOW {
+            self.copy(data);
+        } else {
+            self.pieces.push(Piece::Shared(data.clone()));
+        }
+    }
+
+    fn add(&mut self, frame: Outgoing) {
+        match frame {
+            Outgoing::Send { op, msg } => {
+                // `post_send` checked the length against the peer's recv_size, a u32.
+                self.copy(&wire::encode_send(msg.len() as u32));
+                self.payload(&msg);
+                self.sends.push(op);
+            }
+            Outgoing::ReadReq { id, addr, len, rkey } => {
+                self.copy(&wire::encode_read_req(id, addr, len, rkey))
+            }
+            Outgoing::ReadResp { id, result: Ok(data), permit } => {
+                self.copy(&wire::encode_read_resp(id, wire::STATUS_OK, data.len() as u64));
+                self.payload(&data);
+                self.permits.push(permit);
+            }
+            Outgoing::ReadResp { id, result: Err(status), permit } => {
+                self.copy(&wire::encode_read_resp(id, status, 0));
+                self.permits.push(permit);
+            }
+            Outgoing::Push { desc, data } => {
+                self.copy(&wire::encode_push(desc.rkey, desc.addr, desc.len));
+                self.payload(&data);
+            }
+            Outgoing::Revoke { rkey } => self.copy(&wire::encode_revoke(rkey)),
+            Outgoing::Window { rkey, len } => self.copy(&wire::encode_window(rkey, len)),
+            // Handled by `write_batch`.
+            Outgoing::Close { .. } => {}
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.copied.len() >= MAX_COPIED || self.pieces.len() >= MAX_PIECES
+    }
+
+    /// Writes everything assembled so far (vectored, resuming after partial writes), then
+    /// releases the permits of the READ responses written.
+    async fn write_out<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> std::io::Result<()> {
+        let mut slices: Vec<IoSlice<'_>> = self
+            .pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Copied(r) => IoSlice::new(&self.copied[r.clone()]),
+                Piece::Shared(b) => IoSlice::new(b),
+            })
+            .collect();
+        let mut left = &mut slices[..];
+        while !left.is_empty() {
+            let n = w.write_vectored(left).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut left, n);
+        }
+        drop(slices);
+        self.copied.clear();
+        self.pieces.clear();
+        self.permits.clear();
+        Ok(())
+    }
+}
+
+/// Writes `first` and whatever else is queued (up to [`MAX_BATCH`], or up to a `Close`), in as
+/// few writes as the limits allow, then flushes. Returns the death of a `Close` it reached.
 async fn write_batch<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
+    w: &mut W,
     first: Outgoing,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-    written: &mut Vec<OpId>,
+    batch: &mut Batch,
 ) -> std::io::Result<Option<Death>> {
     let mut next = Some(first);
     let mut count = 0;
@@ -77,71 +190,16 @@ async fn write_batch<W: AsyncWrite + Unpin>(
             closing = Some(death);
             break;
         }
-        write_frame(w, frame, written).await?;
+        batch.add(frame);
+        if batch.full() {
+            batch.write_out(w).await?;
+        }
         count += 1;
         if count < MAX_BATCH {
             next = rx.try_recv().ok();
         }
     }
+    batch.write_out(w).await?;
     w.flush().await?;
     Ok(closing)
-}
-
-async fn write_frame<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
-    frame: Outgoing,
-    written: &mut Vec<OpId>,
-) -> std::io::Result<()> {
-    match frame {
-        Outgoing::Send { op, msg } => {
-            // `post_send` checked the length against the peer's recv_size, a u32.
-            w.write_all(&wire::encode_send(msg.len() as u32)).await?;
-            w.write_all(&msg).await?;
-            written.push(op);
-        }
-        Outgoing::ReadReq { id, addr, len, rkey } => {
-            w.write_all(&wire::encode_read_req(id, addr, len, rkey)).await?;
-        }
-        Outgoing::ReadResp { id, result: Ok(data), permit } => {
-            write_with_payload(w, &wire::encode_read_resp(id, wire::STATUS_OK, data.len() as u64), &data)
-                .await?;
-            drop(permit);
-        }
-        Outgoing::ReadResp { id, result: Err(status), permit } => {
-            w.write_all(&wire::encode_read_resp(id, status, 0)).await?;
-            drop(permit);
-        }
-        Outgoing::Push { desc, data } => {
-            write_with_payload(w, &wire::encode_push(desc.rkey, desc.addr, desc.len), &data).await?;
-        }
-        Outgoing::Revoke { rkey } => w.write_all(&wire::encode_revoke(rkey)).await?,
-        Outgoing::Window { rkey, len } => w.write_all(&wire::encode_window(rkey, len)).await?,
-        // Handled by `write_batch`.
-        Outgoing::Close { .. } => {}
-    }
-    Ok(())
-}
-
-/// Writes a frame's header and its payload. A payload too large for the buffer goes out in one
-/// vectored write with its header (after whatever is buffered), rather than the header in a
-/// small write of its own and the payload in another.
-async fn write_with_payload<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
-    header: &[u8],
-    payload: &[u8],
-) -> std::io::Result<()> {
-    if payload.len() < VECTORED_PAYLOAD {
-        w.write_all(header).await?;
-        return w.write_all(payload).await;
-    }
-    let mut parts = [IoSlice::new(header), IoSlice::new(payload)];
-    let mut left = &mut parts[..];
-    while !left.is_empty() {
-        let n = w.write_vectored(left).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut left, n);
-    }
-    Ok(())
 }
