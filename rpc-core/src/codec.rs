@@ -28,6 +28,11 @@ pub fn with_pool<F: std::future::Future>(
     POOL.scope(pool, fut)
 }
 
+/// Inside a server handler: the pool of the connection it answers on.
+pub fn current_pool() -> Option<MemPool> {
+    POOL.try_with(MemPool::clone).ok()
+}
+
 /// Encodes a value into a buffer of exactly its encoded size (measured in a first pass, so the
 /// buffer never grows). Inside a server handler the buffer comes from the connection's
 /// registered memory pool, so the transport sends or advertises it as it is; elsewhere it is a

@@ -58,6 +58,7 @@ pub use service::{MethodDesc, Service};
 #[doc(hidden)]
 pub mod __private {
     //! Used by the code `#[service]` generates; not a public API.
+    pub use crate::codec::SharedBytes;
     pub use crate::context::current_or_detached as current_context;
     pub use crate::runtime::observe::ClientMethod;
     pub use crate::service::{assert_unique_ids, call, method_id, serve, unknown_method};

@@ -89,7 +89,8 @@ where
         .call_since(started, method, MethodName::Stub(name), payload, opts)
         .await
         .map_err(|e| explain(e, name))?;
-    crate::codec::decode(&response).map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
+    crate::codec::decode_shared(&response)
+        .map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
 }
 
 /// An `UnknownMethod` answer names the method and the likely cause.
@@ -116,7 +117,9 @@ where
     F: FnOnce(Args) -> Fut + Send + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
 {
-    let args: Args = match crate::codec::decode(&payload) {
+    // `Bytes` arguments (decoded as `SharedBytes` by the generated code) are slices of the
+    // payload: no copy.
+    let args: Args = match crate::codec::decode_shared(&payload) {
         Ok(a) => a,
         Err(e) => return futures::future::ready(Err(ServiceError::BadRequest(e.to_string()))).boxed(),
     };

@@ -91,6 +91,21 @@ over_all_transports! {
         assert_eq!(per_call, 0.0, "no registration per call in steady state");
     }
 
+    async fn bytes_arguments_and_results_are_not_copied(kind: Kind) {
+        let s = common::setup(kind).await;
+        for len in [100, 2 * THRESHOLD, 256 << 10] {
+            // A `Bytes` result: a slice of the receive buffer or READ destination.
+            let got = s.client.fill(len as u64, 9).await.expect("fill");
+            assert_eq!(got, pattern(len, 9));
+            assert!(s.client.client().pool().contains(&got), "{len}-byte result decoded in place");
+            // A `Bytes` argument, likewise at the server.
+            let before = s.probe.args_in_pool.load(std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(s.client.size(pattern(len, 1)).await.expect("size"), len as u64);
+            let after = s.probe.args_in_pool.load(std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(after, before + 1, "{len}-byte argument decoded in place");
+        }
+    }
+
     async fn per_call_keys_register_each_advertised_payload(kind: Kind) {
         let per_call = steady_state(kind, KeyPolicy::PerCallKeys).await;
         if matches!(kind, Kind::Rdma) {

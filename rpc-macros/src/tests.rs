@@ -591,3 +591,15 @@ fn the_context_must_come_first() {
         "argument patterns are not supported",
     );
 }
+
+#[test]
+fn bytes_is_recognised_only_as_written_for_bytes() {
+    use crate::expand::is_bytes;
+    let ty = |s: &str| syn::parse_str::<syn::Type>(s).unwrap();
+    for yes in ["Bytes", "bytes::Bytes", "::bytes::Bytes", "rpc_core::__private::Bytes"] {
+        assert!(is_bytes(&ty(yes)), "{yes}");
+    }
+    for no in ["Vec<u8>", "mycrate::Bytes", "Bytes<u8>", "Option<Bytes>", "&[u8]", "BytesMut"] {
+        assert!(!is_bytes(&ty(no)), "{no}");
+    }
+}

@@ -43,6 +43,8 @@ pub struct Probe {
     pub slow_finished: AtomicUsize,
     pub slow_dropped: AtomicUsize,
     pub calls: AtomicU64,
+    /// `size` calls whose argument lay in the connection's pool (decoded without a copy).
+    pub args_in_pool: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -67,6 +69,9 @@ impl Echo for EchoImpl {
         pattern(len as usize, seed)
     }
     async fn size(&self, data: Bytes) -> u64 {
+        if rpc_core::codec::current_pool().is_some_and(|p| p.contains(&data)) {
+            self.0.args_in_pool.fetch_add(1, Ordering::SeqCst);
+        }
         data.len() as u64
     }
     async fn slow(&self, millis: u64) -> u64 {

@@ -60,11 +60,19 @@ fn client_method(ctx: &Context, method: &MethodDef) -> TokenStream {
     let docs = client_method_docs(ctx, method);
     // The method's name and metric handles, registered once per process.
     let method_static = Ident::new("__RPC_CORE_METHOD", Span::mixed_site());
+    let call =
+        quote!(#krate::__private::call(&self.client, &self.opts, #id, &#method_static, &(#(#arg_names,)*)));
+    // A `Bytes` result is decoded as a slice of the response (see `is_bytes`).
+    let call = if super::is_bytes(output) {
+        quote!(#call.await.map(|b: #krate::__private::SharedBytes| b.0))
+    } else {
+        quote!(#call.await)
+    };
     quote! {
         #docs
         pub async fn #ident(&self, #(#params),*) -> ::core::result::Result<#output, #krate::CallError> {
             static #method_static: #krate::__private::ClientMethod = #krate::__private::ClientMethod::new(#name);
-            #krate::__private::call(&self.client, &self.opts, #id, &#method_static, &(#(#arg_names,)*)).await
+            #call
         }
     }
 }

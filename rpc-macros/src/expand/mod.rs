@@ -114,3 +114,30 @@ fn collect_idents(tokens: TokenStream, into: &mut Vec<String>) {
         }
     }
 }
+
+/// Whether `ty` is written as `bytes::Bytes` (`Bytes`, `bytes::Bytes`, `::bytes::Bytes`, or the
+/// crate's re-export): such arguments and results are decoded as `SharedBytes`, a slice of the
+/// received payload (no copy), and converted back. Same wire format.
+pub(crate) fn is_bytes(ty: &syn::Type) -> bool {
+    let syn::Type::Path(p) = ty else { return false };
+    if p.qself.is_some() {
+        return false;
+    }
+    let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+    let plain = p.path.segments.iter().all(|s| s.arguments.is_none());
+    plain
+        && match segs.as_slice() {
+            [last] => last == "Bytes",
+            [.., module, last] => last == "Bytes" && (module == "bytes" || module == "__private"),
+            [] => false,
+        }
+}
+
+/// The type a value of `ty` is decoded as: `SharedBytes` for `Bytes`, else `ty` itself.
+pub(super) fn wire_type(krate: &Path, ty: &syn::Type) -> TokenStream {
+    if is_bytes(ty) {
+        quote::quote!(#krate::__private::SharedBytes)
+    } else {
+        quote::quote!(#ty)
+    }
+}

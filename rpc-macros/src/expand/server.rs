@@ -118,14 +118,23 @@ fn dispatch_arm(ctx: &Context, method: &MethodDef, payload: &Ident) -> TokenStre
     let ident = &method.ident;
     let inner = Ident::new("inner", Span::mixed_site());
     let names: Vec<_> = method.args.iter().map(|arg| &arg.ident).collect();
-    let types = method.args.iter().map(|arg| &arg.ty);
+    // `Bytes` arguments are decoded as slices of the payload (see `is_bytes`).
+    let types = method.args.iter().map(|arg| super::wire_type(krate, &arg.ty));
+    let values = method.args.iter().map(|arg| {
+        let name = &arg.ident;
+        if super::is_bytes(&arg.ty) {
+            quote!(#name.0)
+        } else {
+            quote!(#name)
+        }
+    });
     // The call's context, taken inside the handler's task (where the server put it).
     let context = method.context.as_ref().map(|_| quote!(#krate::__private::current_context(),));
     quote! {
         #id => {
             let #inner = ::core::clone::Clone::clone(&self.inner);
             #krate::__private::serve(#payload, move |(#(#names,)*): (#(#types,)*)| async move {
-                <#s as #trait_ident>::#ident(&*#inner, #context #(#names),*).await
+                <#s as #trait_ident>::#ident(&*#inner, #context #(#values),*).await
             })
         }
     }
