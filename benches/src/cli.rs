@@ -32,6 +32,9 @@ pub enum Cmd {
     Compare(CompareArgs),
     /// A run of a few seconds over mem and tcp, every workload and path; fails on any error.
     Smoke(SmokeArgs),
+    /// Check this machine for rdma://: devices, ports, GIDs, limits, memlock, rdma_cm; says what
+    /// to fix. Exit status 0 when a device has a usable ACTIVE port and the rest is in order.
+    Doctor(DoctorArgs),
 }
 
 /// `rpc-bench server`.
@@ -188,6 +191,14 @@ pub struct CompareArgs {
     pub output: OutputArgs,
 }
 
+/// `rpc-bench doctor`.
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Check only this device (default: `RPC_RDMA_DEVICE` if set, else every device).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
 /// `rpc-bench smoke`.
 #[derive(Debug, clap::Args)]
 pub struct SmokeArgs {
@@ -216,7 +227,7 @@ impl Cli {
             Cmd::Run(a) => (client(a.placement.client_cpu), a.placement.threads, a.placement.busy_poll_us),
             Cmd::Sweep(a) => (client(a.placement.client_cpu), a.placement.threads, a.placement.busy_poll_us),
             Cmd::Compare(a) => (client((!a.unpinned).then_some(a.client_cpu)), 1, None),
-            Cmd::Smoke(_) => (Affinity::Inherit, 1, None),
+            Cmd::Smoke(_) | Cmd::Doctor(_) => (Affinity::Inherit, 1, None),
         }
     }
 }

@@ -29,6 +29,9 @@ pub enum BenchError {
         /// Why.
         reason: String,
     },
+    /// `rpc-bench doctor` found this machine not ready for rdma:// (the report says why).
+    #[error("doctor: {0}")]
+    NotReady(String),
     /// An I/O error.
     #[error(transparent)]
     Io(#[from] std::io::Error),

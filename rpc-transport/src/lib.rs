@@ -38,7 +38,9 @@
 //!   transport from its registered regions after checking key, bounds and registration, or from
 //!   the region's bytes the peer pushed at registration, within a window the reader announced
 //!   ([`ConnParams::tcp_push_window`]).
-//! * `rdma` (cargo feature `rdma`): verbs through `sideway`.
+//! * `rdma` (cargo feature `rdma`): verbs through `sideway`; `rdma::inspect_devices` reports every
+//!   device's ports, GIDs and limits as the plain types of [`device_report`] (which, with the rules
+//!   that read them, exist without the feature too).
 //!
 //! Addresses name a backend: `mem://name`, `tcp://127.0.0.1:7000`, `rdma://10.0.2.15:7471`.
 
@@ -52,6 +54,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 
 mod address;
+pub mod device_report;
 mod error;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

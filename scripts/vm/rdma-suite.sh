@@ -9,10 +9,10 @@
 #     rdma_memlock (rpc-transport), e2e_calls, e2e_failures, e2e_limits, e2e_pool (rpc-core), and
 #     `cargo build --release` of the kv example and rpc-bench with the rdma features;
 #  3. in the VM, for rxe0 and then siw0 (rxe0 is deleted first: rdma_cm binds 10.0.2.15 to the first
-#     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15: each test
-#     binary with `--ignored --test-threads 2`, `kv demo` over rdma://, rpc-bench (echo 32 B event-driven
-#     and busy-polling, download
-#     and upload 1 MiB and 16 MiB, a few seconds per point) and scripts/vm/perftest.sh <dev>;
+#     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15:
+#     `rpc-bench doctor --device <dev>`, each test binary with `--ignored --test-threads 2`, `kv demo`
+#     over rdma://, rpc-bench (echo 32 B event-driven and busy-polling, download and upload 1 MiB and
+#     16 MiB, a few seconds per point) and scripts/vm/perftest.sh <dev>;
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest (with ratios).
 #
@@ -23,9 +23,10 @@
 #   RPC_RDMA_SUITE_BENCH_SECS (seconds per bench point, default 3), RPC_RDMA_SUITE_BUSY_POLL_US (the
 #   busy-poll window of the second 32 B echo run, default 2000), RPC_VM_CACHE (see common.sh).
 #
-# Exit status: 0 if every test binary passed and ran > 0 tests, the demo and every bench run succeeded
-# on both devices; 1 if anything failed, was not run, or the VM timed out; 78 if this machine cannot run
-# the VM at all (setup.sh failed, no qemu-system-x86_64, or the VM did not boot / set up RDMA); 2 usage.
+# Exit status: 0 if the doctor passed, every test binary passed and ran > 0 tests, the demo and every
+# bench run succeeded on both devices; 1 if anything failed, was not run, or the VM timed out; 78 if
+# this machine cannot run the VM at all (setup.sh failed, no qemu-system-x86_64, or the VM did not
+# boot / set up RDMA); 2 usage.
 # Logs: <cache>/out/rdma-suite-<date>-XXXX/ (printed at the end; the newest 10 are kept).
 set -euo pipefail
 
@@ -100,6 +101,14 @@ run_test() {
     echo "[$dev] $name: $(status_word "$STEP_STATUS") in ${STEP_SECS} s: ${line:-no 'test result:' line (see $log)}"
 }
 
+# rpc-bench doctor --device DEV: the device's port must be ACTIVE and usable, memlock and rdma_cm in order.
+run_doctor() {
+    local dev="$1" log="$SUITE_DIR/$1/doctor.log"
+    run_step "$log" "$BENCH_BIN" doctor --device "$dev"
+    record "$dev" doctor doctor "$STEP_STATUS" - - "$(grep -a -E '^(READY|NOT READY)' "$log" | tail -n 1)"
+    echo "[$dev] rpc-bench doctor: $(status_word "$STEP_STATUS") in ${STEP_SECS} s: $(grep -a -E '^(READY|NOT READY)' "$log" | tail -n 1)"
+}
+
 run_demo() {
     local dev="$1" log="$SUITE_DIR/$1/kv-demo.log"
     run_step "$log" "$KV_BIN" demo --listen "rdma://$GUEST_IP:0"
@@ -159,6 +168,7 @@ in_vm() {
         export RPC_RDMA_DEVICE="$dev"
         # A separate rdma_cm/TCP port range per device (siw's iWARP connections are TCP).
         [[ "$dev" == siw* ]] && export RPC_RDMA_TEST_PORT=20000
+        run_doctor "$dev"
         for entry in "${TESTS[@]}"; do
             IFS='|' read -r name dir exe <<<"$entry"
             run_test "$dev" "$name" "$dir" "$exe"
@@ -352,6 +362,19 @@ summarize() {
         echo "$dev:"
         r="$(result_of "$dev" device "$dev")"
         [[ -n "$r" ]] && { echo "  !!!!! $dev MISSING in the VM"; FAILURES=$((FAILURES + 1)); }
+        r="$(result_of "$dev" doctor doctor)"
+        if [[ -z "$r" ]]; then
+            printf '  %-14s NOT RUN\n' doctor
+            FAILURES=$((FAILURES + 1))
+        else
+            IFS=$'\t' read -r _ _ _ status _ _ detail <<<"$r"
+            if ((status == 0)); then
+                printf '  %-14s ok: %s\n' doctor "$detail"
+            else
+                printf '  %-14s FAILED (status %s): %s (see %s/doctor.log)\n' doctor "$status" "$detail" "$dev"
+                FAILURES=$((FAILURES + 1))
+            fi
+        fi
         for entry in "${TESTS[@]}"; do
             name="${entry%%|*}"
             r="$(result_of "$dev" test "$name")"

@@ -1,6 +1,7 @@
 //! The subcommands of `rpc-bench`.
 
 mod compare;
+mod doctor;
 mod exec;
 mod plan;
 mod server;
@@ -37,6 +38,7 @@ pub async fn dispatch(cli: Cli) -> Result<(), BenchError> {
         }
         Cmd::Compare(a) => compare::compare(a).await,
         Cmd::Smoke(a) => smoke::smoke(a).await,
+        Cmd::Doctor(a) => doctor::doctor(a),
     }
 }
 
