@@ -44,6 +44,9 @@ pub mod router;
 pub mod runtime;
 mod service;
 
+/// The byte buffer type of payloads (`bytes::Bytes`, with its `serde` feature): arguments and
+/// results written `Bytes` are decoded without a copy (see [`codec::SharedBytes`]).
+pub use bytes::Bytes;
 pub use context::{Context, Metadata, MetadataError};
 pub use error::{CallError, ConnectError, RemoteError, ServiceError};
 pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode};

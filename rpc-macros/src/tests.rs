@@ -596,7 +596,7 @@ fn the_context_must_come_first() {
 fn bytes_is_recognised_only_as_written_for_bytes() {
     use crate::expand::is_bytes;
     let ty = |s: &str| syn::parse_str::<syn::Type>(s).unwrap();
-    for yes in ["Bytes", "bytes::Bytes", "::bytes::Bytes", "rpc_core::__private::Bytes"] {
+    for yes in ["Bytes", "bytes::Bytes", "::bytes::Bytes", "rpc_core::__private::Bytes", "rpc_core::Bytes"] {
         assert!(is_bytes(&ty(yes)), "{yes}");
     }
     for no in ["Vec<u8>", "mycrate::Bytes", "Bytes<u8>", "Option<Bytes>", "&[u8]", "BytesMut"] {

@@ -300,7 +300,7 @@ async fn open(
     addr: &Address,
     config: &ClientConfig,
 ) -> Result<(Arc<Conn>, oneshot::Receiver<()>, String), ConnectError> {
-    let connecting = rpc_transport::connect(addr, handshake::conn_params(&config.proto));
+    let connecting = rpc_transport::connect(addr, handshake::conn_params(&config.proto, &config.rdma));
     let conn = tokio::time::timeout(config.connect_timeout, connecting)
         .await
         .map_err(|_| ConnectError::Timeout(config.connect_timeout))??;

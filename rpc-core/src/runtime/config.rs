@@ -20,6 +20,11 @@ pub struct ClientConfig {
     /// Reconnect when the connection is lost. Default `None`: a lost connection stays lost and
     /// every later call fails with `Disconnected`. See [`Reconnect`].
     pub reconnect: Option<Reconnect>,
+    /// The verbs backend's settings for `rdma://` addresses: device, port, GID index, busy-poll
+    /// window (see [`rpc_transport::RdmaSettings`]). Default: whatever device rdma_cm picks,
+    /// port 1, GID index 1, no busy-polling. Each `RPC_RDMA_*` environment variable, when set,
+    /// overrides its field.
+    pub rdma: rpc_transport::RdmaSettings,
 }
 
 impl Default for ClientConfig {
@@ -29,6 +34,7 @@ impl Default for ClientConfig {
             default_deadline: Some(Duration::from_secs(30)),
             connect_timeout: Duration::from_secs(10),
             reconnect: None,
+            rdma: rpc_transport::RdmaSettings::default(),
         }
     }
 }
@@ -69,6 +75,11 @@ impl Reconnect {
 }
 
 impl ClientConfig {
+    /// Sets [`ClientConfig::rdma`].
+    pub fn rdma(mut self, settings: rpc_transport::RdmaSettings) -> Self {
+        self.rdma = settings;
+        self
+    }
     /// Sets [`ClientConfig::proto`].
     pub fn proto(mut self, proto: ProtoConfig) -> Self {
         self.proto = proto;
@@ -126,6 +137,8 @@ pub struct ServerConfig {
     pub max_pending_handshakes: usize,
     /// How long a graceful shutdown waits for calls in progress before aborting them. Default 30 s.
     pub shutdown_timeout: Duration,
+    /// The verbs backend's settings for `rdma://` addresses (see [`ClientConfig::rdma`]).
+    pub rdma: rpc_transport::RdmaSettings,
 }
 
 impl Default for ServerConfig {
@@ -140,6 +153,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             max_pending_handshakes: 64,
             shutdown_timeout: Duration::from_secs(30),
+            rdma: rpc_transport::RdmaSettings::default(),
         }
     }
 }
@@ -188,6 +202,11 @@ impl ServerConfig {
     /// Sets [`ServerConfig::shutdown_timeout`].
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
         self.shutdown_timeout = d;
+        self
+    }
+    /// Sets [`ServerConfig::rdma`].
+    pub fn rdma(mut self, settings: rpc_transport::RdmaSettings) -> Self {
+        self.rdma = settings;
         self
     }
 }

@@ -8,13 +8,14 @@ use crate::error::ConnectError;
 use crate::proto::{Hello, PeerLimits, ProtoConfig};
 
 /// Transport parameters for a connection with this protocol config.
-pub(crate) fn conn_params(proto: &ProtoConfig) -> ConnParams {
+pub(crate) fn conn_params(proto: &ProtoConfig, rdma: &rpc_transport::RdmaSettings) -> ConnParams {
     ConnParams {
         recv_depth: proto.recv_depth,
         recv_size: proto.recv_size(),
         private_data: Bytes::from(proto.hello().encode()),
         pool: proto.pool,
         key_policy: proto.key_policy,
+        rdma: rdma.clone(),
         ..ConnParams::default()
     }
 }
@@ -24,7 +25,7 @@ pub(crate) fn listen_params(config: &ServerConfig) -> ConnParams {
     ConnParams {
         handshake_timeout: config.handshake_timeout,
         max_pending_handshakes: config.max_pending_handshakes,
-        ..conn_params(&config.proto)
+        ..conn_params(&config.proto, &config.rdma)
     }
 }
 

@@ -128,7 +128,9 @@ pub(crate) fn is_bytes(ty: &syn::Type) -> bool {
     plain
         && match segs.as_slice() {
             [last] => last == "Bytes",
-            [.., module, last] => last == "Bytes" && (module == "bytes" || module == "__private"),
+            [.., module, last] => {
+                last == "Bytes" && matches!(module.as_str(), "bytes" | "__private" | "rpc_core")
+            }
             [] => false,
         }
 }
