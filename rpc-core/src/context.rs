@@ -193,6 +193,10 @@ impl Metadata {
             return Err(MetadataError::TooLarge { bytes: bytes.len(), max: MAX_METADATA_BYTES });
         }
         let count = take(&mut bytes, 1)?[0];
+        if count == 0 {
+            // No entries are sent as no section at all: one encoding per value.
+            return Err(MetadataError::Malformed("a section with no entries"));
+        }
         for _ in 0..count {
             let key_len = usize::from(take(&mut bytes, 1)?[0]);
             let key = utf8(take(&mut bytes, key_len)?)?;
@@ -373,6 +377,13 @@ mod tests {
         assert_eq!(Metadata::decode(&[]).unwrap(), Metadata::new());
         assert!(Metadata::new().encode().is_empty());
         assert_eq!(md.encoded_len(), md.encode().len());
+    }
+
+    #[test]
+    fn a_section_with_no_entries_is_malformed() {
+        // Found by the proto_decode fuzz target: `[0]` decoded as empty metadata, which encodes
+        // as no section at all, so one value had two encodings.
+        assert!(matches!(Metadata::decode(&[0]), Err(MetadataError::Malformed(_))));
     }
 
     #[test]
