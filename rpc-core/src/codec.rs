@@ -1,7 +1,7 @@
 //! The payload codec: serde + bincode 2 (standard configuration: little endian, varint).
 
 use bytes::Bytes;
-use rpc_transport::{Buf, MemPool};
+use rpc_transport::MemPool;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -54,11 +54,7 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
 /// READ by the peer.
 pub fn encode_in<T: Serialize + ?Sized>(pool: &MemPool, value: &T) -> Result<Bytes, CodecError> {
     let size = encoded_size(value)?;
-    let mut buf = match pool.alloc(size) {
-        Ok(buf) => buf,
-        Err(_) => Buf::zeroed(size),
-    };
-    buf.set_len(size);
+    let mut buf = pool.alloc_or_heap(size);
     write_into(value, &mut buf)?;
     Ok(buf.freeze())
 }

@@ -55,8 +55,7 @@ async fn recv_desc(conn: &mut dyn Connection) -> Result<RegionDesc, TransportErr
 }
 
 async fn read(conn: &mut dyn Connection, remote: RegionDesc) -> Result<Buf, TransportError> {
-    let mut dst = conn.pool().alloc(remote.len as usize)?;
-    dst.set_len(remote.len as usize);
+    let dst = conn.pool().alloc(remote.len as usize)?;
     conn.post_read(1, remote, dst)?;
     match next(conn).await? {
         Completion::Read { result, .. } => Ok(result.expect("READ")),

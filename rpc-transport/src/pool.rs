@@ -338,6 +338,15 @@ impl MemPool {
         Ok(Buf::pooled(Block { chunk, offset: 0, size }, len))
     }
 
+    /// [`MemPool::alloc`], or plain heap memory if the pool cannot provide it (a transport then
+    /// copies or registers it for its operation alone).
+    pub fn alloc_or_heap(&self, len: usize) -> Buf {
+        self.alloc(len).unwrap_or_else(|e| {
+            tracing::debug!(len, error = %e, "pool allocation failed; using heap memory");
+            Buf::zeroed(len)
+        })
+    }
+
     fn one_off(&self, len: usize) -> Result<Buf, TransportError> {
         self.shared.counters.one_off.fetch_add(1, Ordering::Relaxed);
         let chunk = self.new_chunk(len.max(1), false)?;

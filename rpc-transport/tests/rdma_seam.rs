@@ -705,7 +705,6 @@ async fn pool_memory_needs_no_registration() {
         let (c0, s0) = (client.counters(), server.counters());
         // A SEND larger than inline data, from the pool.
         let mut frame = client.pool().alloc(4000).unwrap();
-        frame.set_len(4000);
         frame.copy_from_slice(&payload[..4000]);
         client.post_send(round, frame.freeze()).unwrap();
         let (_, sent) = send_done(&mut *client).await;
@@ -720,11 +719,9 @@ async fn pool_memory_needs_no_registration() {
         }
         // A region of pool memory, READ into pool memory.
         let mut region = server.pool().alloc(payload.len()).unwrap();
-        region.set_len(payload.len());
         region.copy_from_slice(&payload);
         let desc = server.register(region.freeze()).unwrap();
-        let mut dst = client.pool().alloc(payload.len()).unwrap();
-        dst.set_len(payload.len());
+        let dst = client.pool().alloc(payload.len()).unwrap();
         client.post_read(7, desc, dst).unwrap();
         let done = match next(&mut *client).await.unwrap() {
             Completion::Read { wr_id: 7, result } => result.expect("READ"),
@@ -753,7 +750,6 @@ async fn pool_keys_and_per_call_keys() {
         let p = ConnParams { key_policy: policy, ..ConnParams::default() };
         let (mut client, mut server) = pair(p.clone(), p).await;
         let mut region = server.pool().alloc(64 << 10).unwrap();
-        region.set_len(64 << 10);
         region.fill(7);
         let regs0 = server.counters().mr_registrations;
         let desc = server.register(region.freeze()).unwrap();

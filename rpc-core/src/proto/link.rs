@@ -323,7 +323,6 @@ impl Link {
             .and_then(|p| p.alloc(HEADER_LEN + body.len()).ok())
         {
             Some(mut buf) => {
-                buf.set_len(HEADER_LEN + body.len());
                 buf[..HEADER_LEN].copy_from_slice(&h);
                 buf[HEADER_LEN..].copy_from_slice(body);
                 buf.freeze()

@@ -9,8 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use rpc_transport::{
-    Buf, Completion, Connection, MemPool, ReadError, RecvBuffer, RegionDesc, TransportCounters,
-    TransportError, WrId,
+    Buf, Completion, Connection, ReadError, RecvBuffer, RegionDesc, TransportCounters, TransportError, WrId,
 };
 use tokio::time::Sleep;
 
@@ -138,7 +137,8 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
                 // state machine can return the credit.
                 let size = buf.capacity();
                 let handled = proto.handle_frame(buf.into_bytes(), now);
-                conn.post_recv(recv_buffer(conn.pool(), size)).map_err(Fatal::Transport)?;
+                conn.post_recv(RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)))
+                    .map_err(Fatal::Transport)?;
                 handled.map_err(Fatal::Protocol)?;
             }
             Completion::Send { wr_id, result } => {
@@ -167,7 +167,7 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
             }
             Op::Read { wr_id, remote } => {
                 // The destination comes from the connection's pool: registered once, reused.
-                let dst = alloc(conn.pool(), remote.len as usize);
+                let dst = conn.pool().alloc_or_heap(remote.len as usize);
                 conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
             }
         }
@@ -185,26 +185,6 @@ pub(crate) fn revoke_after_close<P: ProtoEnd>(conn: &mut dyn Connection, proto: 
             }
         }
     }
-}
-
-/// A buffer of `len` bytes from `pool`; plain heap memory if the pool cannot provide it (the
-/// transport then registers it for its operation alone).
-pub(crate) fn alloc(pool: &MemPool, len: usize) -> Buf {
-    match pool.alloc(len) {
-        Ok(mut buf) => {
-            buf.set_len(len);
-            buf
-        }
-        Err(e) => {
-            tracing::debug!(len, error = %e, "pool allocation failed; using heap memory");
-            Buf::zeroed(len)
-        }
-    }
-}
-
-/// A receive buffer taking messages of up to `size` bytes, from `pool`.
-fn recv_buffer(pool: &MemPool, size: usize) -> RecvBuffer {
-    RecvBuffer::from_buf(alloc(pool, size))
 }
 
 /// Runs expired timers (call deadlines, keepalive, READ and done timeouts) and arms `sleep`

@@ -27,9 +27,7 @@ impl RdmaConnection {
     }
 
     fn pool_recv_buffer(&self, size: usize) -> Result<RecvBuffer, TransportError> {
-        let mut buf = self.pool.alloc(size)?;
-        buf.set_len(size);
-        Ok(RecvBuffer::from_buf(buf))
+        Ok(RecvBuffer::from_buf(self.pool.alloc(size)?))
     }
 
     /// Posts a caller's receive buffer: as it is if it is pool memory of at least `recv_size`

@@ -52,7 +52,7 @@ pub(super) struct State {
 impl State {
     pub(super) fn new(recv_depth: u32, recv_size: u32, pool: &MemPool) -> State {
         let posted: VecDeque<RecvBuffer> =
-            (0..recv_depth).map(|_| recv_buffer(pool, recv_size as usize)).collect();
+            (0..recv_depth).map(|_| RecvBuffer::from_buf(pool.alloc_or_heap(recv_size as usize))).collect();
         let counters = TransportCounters { recvs_posted: u64::from(recv_depth), ..Default::default() };
         State {
             posted,
@@ -264,12 +264,4 @@ impl State {
         }
         Poll::Pending
     }
-}
-
-/// A receive buffer of `size` bytes from `pool` (a heap pool cannot fail but for lack of memory;
-/// then a plain buffer does).
-pub(super) fn recv_buffer(pool: &MemPool, size: usize) -> RecvBuffer {
-    let mut buf = pool.alloc(size).unwrap_or_else(|_| Buf::zeroed(size));
-    buf.set_len(size);
-    RecvBuffer::from_buf(buf)
 }

@@ -170,8 +170,7 @@ async fn pushed_bytes_land_in_the_pool_and_are_handed_over_as_the_destination() 
     let (mut reader, mut owner) = pair(window(1 << 20), ConnParams::default()).await;
     let first = owner.register(pattern(200_000, 1)).unwrap();
     until("the push to arrive", || reader.push.held() == first.len).await;
-    let mut dst = reader.pool().alloc(200_000).unwrap();
-    dst.set_len(200_000);
+    let dst = reader.pool().alloc(200_000).unwrap();
     let ours = dst.as_ptr();
     reader.post_read(1, first, dst).unwrap();
     let Ok(Completion::Read { result: Ok(got), .. }) = next(&mut reader).await else { panic!("READ failed") };

@@ -121,7 +121,6 @@ impl Reader {
         // straight into a buffer of the connection's pool (a READ of the region takes it as is).
         let size = usize::try_from(len).map_err(|_| malformed("pushed region too large"))?;
         let mut data = self.soft.pool().alloc(size).map_err(|e| Death::Closed(e.to_string()))?;
-        data.set_len(size);
         if let Err(e) = payload.read_exact(&mut data).await {
             return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 malformed("truncated frame at end of stream")
