@@ -425,6 +425,9 @@ pub struct TransportCounters {
     /// READs this side issued that completed from bytes the peer had pushed, without a request
     /// to the peer (tcp only; also counted in `reads_issued` and `bytes_read`).
     pub reads_served_from_push: u64,
+    /// SENDs posted without asking for a work completion (rdma: small inline SENDs, all but one
+    /// in `signal_every`); also counted in `sends`.
+    pub sends_unsignaled: u64,
 }
 
 impl TransportCounters {
@@ -448,6 +451,7 @@ impl TransportCounters {
         out.regions_pushed += other.regions_pushed;
         out.bytes_pushed += other.bytes_pushed;
         out.reads_served_from_push += other.reads_served_from_push;
+        out.sends_unsignaled += other.sends_unsignaled;
         out
     }
 }

@@ -190,6 +190,7 @@ mod verbs {
         setups_in_progress_are_bounded,
         pool_memory_needs_no_registration,
         pool_keys_and_per_call_keys,
+        small_sends_go_unsignaled,
     );
 }
 
@@ -218,6 +219,35 @@ async fn completions_in_order() {
     for i in 0..150u64 {
         assert_eq!(recv(&mut *server).await, i.to_le_bytes(), "messages in sending order");
     }
+}
+
+/// Small SENDs go unsignaled (their completions are reported at once, still in posting order);
+/// far more of them than the send queue holds go through one at a time (a signaled one in
+/// `signal_every` frees the queue), and after the peer closes the connection still ends in an
+/// error: nothing waits for unsignaled requests no completion will report.
+async fn small_sends_go_unsignaled() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    for i in 0..600u64 {
+        send_ok(&mut *client, i, &i.to_le_bytes()).await;
+        assert_eq!(recv(&mut *server).await, i.to_le_bytes());
+    }
+    let c = client.counters();
+    assert_eq!(c.sends, 600);
+    assert!(c.sends_unsignaled >= 500, "most small SENDs unsignaled: {c:?}");
+    for i in 0..50u64 {
+        client.post_send(1000 + i, Bytes::from(vec![i as u8; 16])).unwrap();
+    }
+    for i in 0..50u64 {
+        let (id, result) = send_done(&mut *client).await;
+        assert_eq!(id, 1000 + i, "send completions in posting order");
+        result.unwrap();
+    }
+    for i in 0..50u64 {
+        assert_eq!(recv(&mut *server).await, vec![i as u8; 16]);
+    }
+    server.close();
+    let (_, err) = drain_to_error(&mut *client).await;
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
 }
 
 async fn zero_byte_message() {

@@ -24,6 +24,7 @@ use sideway::ibverbs::queue_pair::{QueuePair, QueuePairAttribute, QueuePairState
 
 use super::conn::{Op, RdmaConnection};
 use super::hello::Hello;
+use super::slab::TAG_BIT;
 use super::sys::WorkCompletion;
 use crate::{Completion, ReadError, TransportError};
 
@@ -52,6 +53,15 @@ fn status_text(status: u32) -> &'static str {
 impl RdmaConnection {
     /// Handles one work completion.
     pub(super) fn on_completion(&mut self, wc: &WorkCompletion) {
+        if wc.wr_id & TAG_BIT != 0 {
+            // An unsignaled SEND: only its failure (or flush) produces a completion. Its success
+            // was reported when it was posted; the connection fails now.
+            self.retire(wc.wr_id & !TAG_BIT);
+            if wc.status != st::IBV_WC_SUCCESS {
+                self.on_error_status(wc);
+            }
+            return self.pump();
+        }
         let Some(op) = self.ops.remove(wc.wr_id) else {
             tracing::debug!(wr_id = wc.wr_id, status = wc.status, "completion for an unknown work request");
             return;
@@ -62,8 +72,10 @@ impl RdmaConnection {
         }
         match op {
             Op::Recv { buf, hello } => self.complete_recv(buf, hello, ok.then_some(wc.byte_len as usize)),
-            Op::Send { wr_id, buf } => {
-                self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
+            Op::Send { wr_id, buf, seq } => {
+                self.retire(seq);
+                self.sq_signaled = self.sq_signaled.saturating_sub(1);
+                self.signaled_sends = self.signaled_sends.saturating_sub(1);
                 self.release_send_buf(buf);
                 if let Some(wr_id) = wr_id {
                     let result = if ok { Ok(()) } else { Err(self.send_error(wc.status)) };
@@ -71,14 +83,21 @@ impl RdmaConnection {
                 }
                 self.pump();
             }
-            Op::ReadChunk { read } => {
-                self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
+            Op::ReadChunk { read, seq } => {
+                self.retire(seq);
+                self.sq_signaled = self.sq_signaled.saturating_sub(1);
                 self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
                 let err = (!ok).then(|| self.read_error(wc.status, read));
                 self.chunk_done(read, err);
                 self.pump();
             }
         }
+    }
+
+    /// The send-queue request `seq` completed, and so did every one posted before it
+    /// (completions come in queue order): their slots are free.
+    fn retire(&mut self, seq: u64) {
+        self.sq_retired = self.sq_retired.max(seq.min(self.sq_posted));
     }
 
     /// Logs and accounts a failed completion, and fails the connection (the QP is in error).
@@ -193,6 +212,14 @@ impl RdmaConnection {
         // Tell the peer (DREQ on IB/RoCE, TCP close on iWARP): its side fails too, never hangs.
         self.disconnect_cm();
         self.recv_backlog.clear();
+        // Requests built and not posted yet: they complete with errors now.
+        for b in std::mem::take(&mut self.sq_batch) {
+            self.unpost(b, &reason);
+        }
+        for wr in std::mem::take(&mut self.rq_batch) {
+            self.ops.remove(wr.wr_id);
+            self.rq_posted = self.rq_posted.saturating_sub(1);
+        }
         for (wr_id, _) in std::mem::take(&mut self.send_backlog) {
             let result = Err(TransportError::Disconnected(reason.clone()));
             self.ready.push_back(Completion::Send { wr_id, result });
@@ -221,7 +248,7 @@ impl RdmaConnection {
         for op in self.ops.drain() {
             match op {
                 Op::Recv { .. } => {}
-                Op::Send { wr_id, buf } => {
+                Op::Send { wr_id, buf, .. } => {
                     self.release_send_buf(buf);
                     if let Some(wr_id) = wr_id {
                         let reason = self.failed.clone().unwrap_or_default();
@@ -231,10 +258,20 @@ impl RdmaConnection {
                         });
                     }
                 }
-                Op::ReadChunk { read } => self.chunk_done(read, Some(ReadError::Flushed)),
+                Op::ReadChunk { read, .. } => self.chunk_done(read, Some(ReadError::Flushed)),
             }
         }
-        self.sq_outstanding = 0;
+        let reason = self.failed.clone().unwrap_or_default();
+        for b in std::mem::take(&mut self.sq_batch) {
+            if let Some(wr_id) = b.unsignaled {
+                let result = Err(TransportError::Disconnected(reason.clone()));
+                self.ready.push_back(Completion::Send { wr_id, result });
+            }
+        }
+        self.rq_batch.clear();
+        self.sq_retired = self.sq_posted;
+        self.sq_signaled = 0;
+        self.signaled_sends = 0;
         self.reads_in_flight = 0;
         self.rq_posted = 0;
     }

@@ -18,7 +18,7 @@ use super::cm::{CmChannel, CmSink};
 use super::cq::CqPoller;
 use super::hello::Hello;
 use super::slab::Slab;
-use super::sys::WorkCompletion;
+use super::sys::{RecvWr, SendWr, WorkCompletion};
 use crate::{
     Buf, Completion, ConnInfo, Connection, KeyPolicy, MemPool, RKey, ReadError, RecvBuffer, RegionDesc,
     TransportCounters, TransportError, WrId,
@@ -30,10 +30,11 @@ pub(super) enum Op {
     /// A posted receive into `buf`, a buffer of the connection's pool (`hello`: the receive of
     /// the peer's hello).
     Recv { buf: RecvBuffer, hello: bool },
-    /// A posted SEND; `wr_id` is `None` for the hello.
-    Send { wr_id: Option<WrId>, buf: SendBuf },
-    /// One chunk of the READ with key `read` in the READ slab.
-    ReadChunk { read: u64 },
+    /// A posted, signaled SEND; `wr_id` is `None` for the hello. `seq`: its place on the send
+    /// queue (see [`RdmaConnection::sq_posted`]).
+    Send { wr_id: Option<WrId>, buf: SendBuf, seq: u64 },
+    /// One chunk of the READ with key `read` in the READ slab (always signaled).
+    ReadChunk { read: u64, seq: u64 },
 }
 
 /// What a posted SEND's bytes went out from, kept until its completion.
@@ -47,6 +48,18 @@ pub(super) enum SendBuf {
     Pooled { lkey: u32, bytes: Bytes },
     /// A buffer registered for this SEND alone (larger than a send slab).
     Own(RegisteredBuf),
+}
+
+/// A send-queue request built and not yet posted.
+#[derive(Debug)]
+pub(super) struct Batched {
+    pub(super) wr: SendWr,
+    /// For an unsignaled SEND, the caller's id: its completion is reported once it is posted.
+    pub(super) unsignaled: Option<WrId>,
+    /// For an inline SEND, its bytes, kept alive until the post (which copies them); held, never
+    /// read.
+    #[allow(dead_code)]
+    pub(super) inline_bytes: Option<Bytes>,
 }
 
 /// A READ, possibly split in several chunks.
@@ -105,7 +118,32 @@ pub struct RdmaConnection {
     pub(super) hello_buf: RegisteredBuf,
     pub(super) send_backlog: VecDeque<(WrId, Bytes)>,
     pub(super) read_backlog: VecDeque<Chunk>,
-    pub(super) sq_outstanding: u32,
+    /// Work requests put on the send queue so far (including those in `sq_batch`); the n-th
+    /// has `seq` n.
+    pub(super) sq_posted: u64,
+    /// The highest `seq` known complete. Completions come in send-queue order, so a completion
+    /// (of a signaled request, or an error/flush of any) completes every request before it, the
+    /// unsignaled ones included: `sq_posted - sq_retired` requests occupy the send queue.
+    pub(super) sq_retired: u64,
+    /// Signaled SENDs and READ chunks in `ops` (what a failed connection waits for).
+    pub(super) sq_signaled: u32,
+    /// Signaled SENDs in `ops`. A SEND goes unsignaled only when there is none: its completion,
+    /// reported at once, then never overtakes an earlier SEND's (SEND completions keep posting
+    /// order).
+    pub(super) signaled_sends: u32,
+    /// Unsignaled SENDs since the last signaled request, and the run length that forces one
+    /// signaled (at most half the send queue, so that the queue never fills with requests no
+    /// completion will retire).
+    pub(super) unsignaled_run: u32,
+    pub(super) signal_every: u32,
+    /// Send-queue requests built and not yet posted: posted together (one doorbell) at the end of
+    /// `pump` or when [`super::sys::POST_BATCH`] are waiting. The `WrId` of an unsignaled SEND
+    /// rides along: its completion is reported once it is posted.
+    pub(super) sq_batch: Vec<Batched>,
+    /// Receives queued, posted together before the next send-queue post and before
+    /// `poll_completions` looks at the CQ (so a credit never reaches the peer before its buffer is
+    /// posted).
+    pub(super) rq_batch: Vec<RecvWr>,
     pub(super) reads_in_flight: u32,
     /// Regions advertised with a registration of their own.
     pub(super) regions: HashMap<RKey, AdvertisedRegion>,
@@ -228,7 +266,12 @@ impl RdmaConnection {
     /// not waited for: they are dropped on failure anyway, and siw does not always flush the
     /// last one.
     fn fully_flushed(&self) -> bool {
-        self.failed.is_some() && self.sq_outstanding == 0 && self.reads.is_empty()
+        self.failed.is_some() && self.sq_signaled == 0 && self.reads.is_empty()
+    }
+
+    /// Work requests occupying the send queue (posted or batched, not known complete).
+    pub(super) fn sq_outstanding(&self) -> u32 {
+        u32::try_from(self.sq_posted - self.sq_retired).unwrap_or(u32::MAX)
     }
 }
 
@@ -319,6 +362,8 @@ impl Connection for RdmaConnection {
         if max == 0 {
             return Poll::Ready(Ok(()));
         }
+        // Receives re-posted since the last call go to the NIC before we look for more work.
+        self.flush_rq();
         if self.ready.is_empty() {
             self.poll_progress(cx);
         }

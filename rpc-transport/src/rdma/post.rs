@@ -1,16 +1,31 @@
 //! Posting work requests: receives, SENDs (inline or from a send slab), READ chunks, and the
 //! software backlogs that hold work beyond the send queue's depth or `max_rd_atomic`.
+//!
+//! Work requests are built as plain data and posted in chains by `sys::post_send`/`post_recv`,
+//! which allocate nothing (sideway's post guards allocate three vectors per post): receives
+//! re-posted while completions are handled go to the NIC together, before the next send-queue
+//! post and before the CQ is polled again; the SENDs and READ chunks of one `pump` go with one
+//! doorbell.
+//!
+//! **Unsignaled SENDs.** An inline SEND (the provider copies its bytes during the post: nothing
+//! to keep alive after it) is posted unsignaled, and its completion is reported as soon as it is
+//! posted, except one in `signal_every` (at most 64, at most half the send queue), which is
+//! signaled, and except while a signaled SEND is pending (SEND completions keep posting order). That saves a work completion, and in event-driven mode a wake-up, per small message.
+//! An unsignaled request's send-queue slot is freed by the completion of a later signaled one
+//! (completions come in queue order: `sq_retired`); the run of unsignaled requests after the last
+//! signaled one is shorter than half the queue, so the queue never fills with requests no
+//! completion will retire. A failed request always produces a completion, and fails the
+//! connection as any failed request does.
 
 use bytes::Bytes;
-use sideway::ibverbs::queue_pair::{
-    PostSendGuard, QueuePair, SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
-};
 
 use super::buffers::{ReadDest, RegisteredBuf, SlotPool};
-use super::conn::{Chunk, Op, RdmaConnection, ReadOp, SendBuf};
-use super::error::{chain, verbs};
+use super::conn::{Batched, Chunk, Op, RdmaConnection, ReadOp, SendBuf};
+use super::error::verbs;
 use super::hello::HELLO_MAX;
-use crate::{Buf, Completion, RecvBuffer, RegionDesc, TransportError, WrId};
+use super::slab::TAG_BIT;
+use super::sys::{self, PostError, RecvWr, SendOp, SendWr, Sge, POST_BATCH};
+use crate::{Buf, Completion, ReadError, RecvBuffer, RegionDesc, TransportError, WrId};
 
 impl RdmaConnection {
     /// Posts the hello receive and `recv_depth` receive buffers from the pool (before the peer
@@ -23,7 +38,8 @@ impl RdmaConnection {
             self.post_recv_buf(buf, false)?;
         }
         self.counters.recvs_posted += u64::from(recv_depth);
-        Ok(())
+        self.flush_rq();
+        self.check_alive()
     }
 
     fn pool_recv_buffer(&self, size: usize) -> Result<RecvBuffer, TransportError> {
@@ -72,6 +88,7 @@ impl RdmaConnection {
         }
     }
 
+    /// Queues a receive into the buffer (posted by the next `flush_rq`).
     fn post_recv_buf(&mut self, mut buf: RecvBuffer, hello: bool) -> Result<(), TransportError> {
         let len = if hello { HELLO_MAX } else { self.recv_size };
         let (lkey, addr) = {
@@ -82,44 +99,64 @@ impl RdmaConnection {
                 .ok_or_else(|| verbs("post_recv", "receive buffer outside the connection's pool"))?;
             (keys.lkey, storage.as_mut_ptr() as u64)
         };
-        let Some(qp) = self.qp.as_mut() else {
+        if self.qp.is_none() {
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
-        };
-        let key = self.ops.insert(Op::Recv { buf, hello });
-        let mut guard = qp.start_post_recv();
-        // SAFETY: `addr..addr+len` lies inside a chunk of the connection's pool (registered,
-        // lkey), owned by the buffer now held in `ops` until its completion or flush (or until the
-        // QP is destroyed); moving the buffer does not move its memory, and no Rust code touches
-        // it meanwhile.
-        unsafe { guard.construct_wr(key).setup_sge(lkey, addr, len as u32) };
-        if let Err(e) = guard.post() {
-            self.ops.remove(key);
-            return Err(verbs("ibv_post_recv", chain(&e)));
         }
+        let key = self.ops.insert(Op::Recv { buf, hello });
+        self.rq_batch.push(RecvWr { wr_id: key, sge: Sge { addr, len: len as u32, lkey } });
         self.rq_posted += 1;
+        if self.rq_batch.len() >= POST_BATCH {
+            self.flush_rq();
+        }
         Ok(())
+    }
+
+    /// Posts the queued receives. A refused post fails the connection (the buffers not posted go
+    /// back to the pool).
+    pub(super) fn flush_rq(&mut self) {
+        while !self.rq_batch.is_empty() {
+            let n = self.rq_batch.len().min(POST_BATCH);
+            let result = match self.qp.as_ref() {
+                // SAFETY: each request names `len` bytes of a pool buffer (registered in the QP's
+                // PD, lkey from `keys_of`) owned by its `Op::Recv` in `ops` until its completion
+                // or flush is handled, or until the QP is destroyed (`abandon_qp`, `Drop`);
+                // moving the buffer does not move its memory, and no Rust code touches it
+                // meanwhile.
+                Some(qp) => unsafe { sys::post_recv(qp, &self.rq_batch[..n]) },
+                None => Err(PostError { posted: 0, error: std::io::Error::other("queue pair destroyed") }),
+            };
+            match result {
+                Ok(()) => {
+                    self.rq_batch.drain(..n);
+                }
+                Err(e) => {
+                    let not_posted: Vec<RecvWr> = self.rq_batch.drain(e.posted..).collect();
+                    for wr in not_posted {
+                        self.ops.remove(wr.wr_id);
+                        self.rq_posted = self.rq_posted.saturating_sub(1);
+                    }
+                    return self.fail(format!("ibv_post_recv failed: {}", e.error));
+                }
+            }
+        }
     }
 
     /// Sends our hello from its dedicated registered buffer.
     pub(super) fn post_hello(&mut self, msg: &[u8]) -> Result<(), TransportError> {
         let len = msg.len();
         self.hello_buf.bytes_mut(0, len).copy_from_slice(msg);
-        let (lkey, addr) = (self.hello_buf.lkey(), self.hello_buf.addr(0));
-        let Some(qp) = self.qp.as_mut() else {
+        let sge = Sge { addr: self.hello_buf.addr(0), len: len as u32, lkey: self.hello_buf.lkey() };
+        if self.qp.is_none() {
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
-        };
-        let key = self.ops.insert(Op::Send { wr_id: None, buf: SendBuf::None });
-        let mut guard = qp.start_post_send();
-        let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
-        // SAFETY: the hello buffer is registered (lkey) and owned by the connection, which keeps
-        // it until after the QP is destroyed; it is not written again.
-        unsafe { wr.setup_sge(lkey, addr, len as u32) };
-        if let Err(e) = guard.post() {
-            self.ops.remove(key);
-            return Err(verbs("ibv_post_send", chain(&e)));
         }
-        self.sq_outstanding += 1;
-        Ok(())
+        let seq = self.next_seq();
+        let key = self.ops.insert(Op::Send { wr_id: None, buf: SendBuf::None, seq });
+        self.sq_signaled += 1;
+        self.signaled_sends += 1;
+        let wr = SendWr { wr_id: key, op: SendOp::Send { inline: false }, signaled: true, sge: Some(sge) };
+        self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
+        self.flush_sq();
+        self.check_alive()
     }
 
     /// Registers the destination, splits the READ into chunks and queues them.
@@ -165,11 +202,12 @@ impl RdmaConnection {
         Ok(())
     }
 
-    /// Posts queued SENDs and READ chunks while the send queue and `max_rd_atomic` allow.
+    /// Posts queued SENDs and READ chunks while the send queue and `max_rd_atomic` allow (one
+    /// chain per `POST_BATCH`).
     pub(super) fn pump(&mut self) {
         loop {
-            if self.failed.is_some() || self.sq_outstanding >= self.limits.sq_depth {
-                return;
+            if self.failed.is_some() || self.sq_outstanding() >= self.limits.sq_depth {
+                break;
             }
             let mut progress = false;
             if let Some((wr_id, msg)) = self.send_backlog.pop_front() {
@@ -179,18 +217,17 @@ impl RdmaConnection {
                     Err(e) => return self.fail(format!("posting a SEND failed: {e}")),
                 }
             }
-            if self.sq_outstanding < self.limits.sq_depth && self.reads_in_flight < self.limits.max_reads {
+            if self.sq_outstanding() < self.limits.sq_depth && self.reads_in_flight < self.limits.max_reads {
                 if let Some(chunk) = self.read_backlog.pop_front() {
-                    if let Err(e) = self.post_chunk(chunk) {
-                        return self.fail(format!("posting a READ failed: {e}"));
-                    }
+                    self.queue_chunk(chunk);
                     progress = true;
                 }
             }
             if !progress {
-                return;
+                break;
             }
         }
+        self.flush_sq();
     }
 
     /// Posts one SEND; `Ok(false)` (and the message back at the head of the backlog) when it must
@@ -248,19 +285,29 @@ impl RdmaConnection {
             SendBuf::Own(own) => Some((own.lkey(), own.addr(0))),
         };
         let oversized = matches!(buf, SendBuf::Own(_));
-        let key = self.ops.insert(Op::Send { wr_id: Some(wr_id), buf });
-        let posted = match source {
-            None => self.post_inline_send(key, &msg),
-            Some((lkey, addr)) => self.post_registered_send(key, lkey, addr, msg.len()),
-        };
-        if let Err(e) = posted {
-            if let Some(Op::Send { buf, .. }) = self.ops.remove(key) {
-                self.release_send_buf(buf);
+        let inline = matches!(buf, SendBuf::None);
+        let sge = match source {
+            Some((lkey, addr)) => Some(Sge { addr, len: msg.len() as u32, lkey }),
+            // Inline: the provider copies the bytes during the post (no key needed).
+            None => {
+                (!msg.is_empty()).then(|| Sge { addr: msg.as_ptr() as u64, len: msg.len() as u32, lkey: 0 })
             }
-            return fail(self, e);
+        };
+        let seq = self.next_seq();
+        if inline && self.signaled_sends == 0 && self.unsignaled_run + 1 < self.signal_every {
+            self.unsignaled_run += 1;
+            self.counters.sends_unsignaled += 1;
+            let wr = SendWr { wr_id: TAG_BIT | seq, op: SendOp::Send { inline: true }, signaled: false, sge };
+            self.queue_sq(Batched { wr, unsignaled: Some(wr_id), inline_bytes: Some(msg) });
+            return Ok(true);
         }
+        self.unsignaled_run = 0;
+        let key = self.ops.insert(Op::Send { wr_id: Some(wr_id), buf, seq });
+        self.sq_signaled += 1;
+        self.signaled_sends += 1;
         self.oversized_in_flight |= oversized;
-        self.sq_outstanding += 1;
+        let wr = SendWr { wr_id: key, op: SendOp::Send { inline }, signaled: true, sge };
+        self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: inline.then_some(msg) });
         Ok(true)
     }
 
@@ -297,60 +344,101 @@ impl RdmaConnection {
         }
     }
 
-    fn post_inline_send(&mut self, key: u64, msg: &[u8]) -> Result<(), TransportError> {
-        let qp =
-            self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
-        let mut guard = qp.start_post_send();
-        let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
-        if !msg.is_empty() {
-            // The provider copies inline data during ibv_post_send: nothing to keep alive.
-            wr.setup_inline_data(msg);
-        }
-        guard.post().map_err(|e| verbs("ibv_post_send", chain(&e)))
-    }
-
-    fn post_registered_send(
-        &mut self,
-        key: u64,
-        lkey: u32,
-        addr: u64,
-        len: usize,
-    ) -> Result<(), TransportError> {
-        let qp =
-            self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
-        let mut guard = qp.start_post_send();
-        let wr = guard.construct_wr(key, WorkRequestFlags::Signaled).setup_send();
-        // SAFETY: `lkey`/`addr` name a slot of the registered send pool, the SEND's own
-        // registered buffer, or pool memory whose `Bytes` this SEND's Op holds, with `len` bytes;
-        // all are kept alive by the connection (the latter two by this SEND's Op) until its
-        // completion or flush, or until after the QP is destroyed, and are not written meanwhile
-        // (`Bytes` are immutable).
-        unsafe { wr.setup_sge(lkey, addr, len as u32) };
-        guard.post().map_err(|e| verbs("ibv_post_send", chain(&e)))
-    }
-
-    fn post_chunk(&mut self, chunk: Chunk) -> Result<(), TransportError> {
-        let Some(read) = self.reads.get_mut(chunk.read) else { return Ok(()) };
-        let Some(dest) = read.dest.as_ref() else { return Ok(()) };
+    /// Queues one chunk of a READ (always signaled).
+    fn queue_chunk(&mut self, chunk: Chunk) {
+        let Some(read) = self.reads.get_mut(chunk.read) else { return };
+        let Some(dest) = read.dest.as_ref() else { return };
         debug_assert!(chunk.offset + u64::from(chunk.len) <= dest.len());
-        let (lkey, addr) = (dest.lkey(), dest.addr(chunk.offset));
-        let qp =
-            self.qp.as_mut().ok_or_else(|| TransportError::Disconnected("queue pair destroyed".into()))?;
-        let key = self.ops.insert(Op::ReadChunk { read: chunk.read });
-        let mut guard = qp.start_post_send();
-        let wr =
-            guard.construct_wr(key, WorkRequestFlags::Signaled).setup_read(chunk.rkey, chunk.remote_addr);
-        // SAFETY: the destination range lies inside the READ's registered destination (lkey),
-        // owned by its ReadOp, which is handed back only after every chunk completed or flushed.
-        unsafe { wr.setup_sge(lkey, addr, chunk.len) };
-        if let Err(e) = guard.post() {
-            self.ops.remove(key);
-            self.read_backlog.push_front(chunk);
-            return Err(verbs("ibv_post_send", chain(&e)));
-        }
-        self.sq_outstanding += 1;
+        let sge = Sge { addr: dest.addr(chunk.offset), len: chunk.len, lkey: dest.lkey() };
+        let seq = self.next_seq();
+        let key = self.ops.insert(Op::ReadChunk { read: chunk.read, seq });
+        self.sq_signaled += 1;
+        self.unsignaled_run = 0;
         self.reads_in_flight += 1;
-        Ok(())
+        let op = SendOp::Read { remote_addr: chunk.remote_addr, rkey: chunk.rkey };
+        let wr = SendWr { wr_id: key, op, signaled: true, sge: Some(sge) };
+        self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
+    }
+
+    /// The next send-queue sequence number; the request counts as occupying the queue from now.
+    fn next_seq(&mut self) -> u64 {
+        self.sq_posted += 1;
+        self.sq_posted
+    }
+
+    fn queue_sq(&mut self, batched: Batched) {
+        self.sq_batch.push(batched);
+        if self.sq_batch.len() >= POST_BATCH {
+            self.flush_sq();
+        }
+    }
+
+    /// Posts the queued receives, then the queued send-queue requests as one chain. A refused post
+    /// fails the connection: the requests not posted complete with errors at once.
+    pub(super) fn flush_sq(&mut self) {
+        self.flush_rq();
+        while !self.sq_batch.is_empty() {
+            let n = self.sq_batch.len().min(POST_BATCH);
+            let empty = SendWr { wr_id: 0, op: SendOp::Send { inline: false }, signaled: false, sge: None };
+            let mut wrs = [empty; POST_BATCH];
+            for (slot, b) in wrs.iter_mut().zip(&self.sq_batch[..n]) {
+                *slot = b.wr;
+            }
+            let result = match self.qp.as_ref() {
+                // SAFETY: every SGE names memory registered in the QP's PD and kept alive past the
+                // request's completion (or flush, or the QP's destruction): a send slab slot, a
+                // SEND's own buffer or pool memory whose `Bytes` its `Op::Send` holds, the hello
+                // buffer (kept by the connection past the QP), or a READ destination owned by its
+                // `ReadOp` until every chunk came back; none is written (SEND) or touched (READ)
+                // by Rust code meanwhile. An inline SEND's bytes are only read during the call,
+                // and its `Batched` entry keeps them alive until after it.
+                Some(qp) => unsafe { sys::post_send(qp, &wrs[..n]) },
+                None => Err(PostError { posted: 0, error: std::io::Error::other("queue pair destroyed") }),
+            };
+            let posted = match &result {
+                Ok(()) => n,
+                Err(e) => e.posted,
+            };
+            for b in self.sq_batch.drain(..posted) {
+                if let Some(wr_id) = b.unsignaled {
+                    self.ready.push_back(Completion::Send { wr_id, result: Ok(()) });
+                }
+            }
+            if let Err(e) = result {
+                let reason = format!("ibv_post_send failed: {}", e.error);
+                let not_posted: Vec<Batched> = self.sq_batch.drain(..).collect();
+                for b in not_posted {
+                    self.unpost(b, &reason);
+                }
+                return self.fail(reason);
+            }
+        }
+    }
+
+    /// Completes a request the provider refused to post.
+    pub(super) fn unpost(&mut self, b: Batched, reason: &str) {
+        self.sq_posted -= 1;
+        let failed = || Err(TransportError::Disconnected(reason.to_string()));
+        if let Some(wr_id) = b.unsignaled {
+            self.ready.push_back(Completion::Send { wr_id, result: failed() });
+            return;
+        }
+        match self.ops.remove(b.wr.wr_id) {
+            Some(Op::Send { wr_id, buf, .. }) => {
+                self.sq_signaled = self.sq_signaled.saturating_sub(1);
+                self.signaled_sends = self.signaled_sends.saturating_sub(1);
+                self.release_send_buf(buf);
+                if let Some(wr_id) = wr_id {
+                    self.ready.push_back(Completion::Send { wr_id, result: failed() });
+                }
+            }
+            Some(Op::ReadChunk { read, .. }) => {
+                self.sq_signaled = self.sq_signaled.saturating_sub(1);
+                self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+                self.chunk_done(read, Some(ReadError::Flushed));
+            }
+            Some(Op::Recv { .. }) | None => {}
+        }
     }
 }
 

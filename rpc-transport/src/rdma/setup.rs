@@ -38,6 +38,8 @@ use crate::{ConnInfo, ConnParams, Connection, KeyPolicy, MemPool, TransportError
 const RDMA_MAX_DEPTH: u8 = 0xff;
 /// Inline sizes tried, largest first (siw accepts at most 80 bytes or so, rxe a few hundred).
 const INLINE_TRIES: [u32; 3] = [256, 64, 0];
+/// At most one SEND in this many is signaled (eRPC's figure); fewer on a short send queue.
+const SIGNAL_EVERY_MAX: u32 = 64;
 
 /// Checks the parameters a side asks for: the same limits as the other backends (receive depth
 /// and size, private data, setup bounds).
@@ -216,7 +218,14 @@ fn build_connection(
         hello_buf,
         send_backlog: VecDeque::new(),
         read_backlog: VecDeque::new(),
-        sq_outstanding: 0,
+        sq_posted: 0,
+        sq_retired: 0,
+        sq_signaled: 0,
+        signaled_sends: 0,
+        unsignaled_run: 0,
+        signal_every: (sq_depth / 2).clamp(1, SIGNAL_EVERY_MAX),
+        sq_batch: Vec::with_capacity(super::sys::POST_BATCH),
+        rq_batch: Vec::with_capacity(super::sys::POST_BATCH),
         reads_in_flight: 0,
         regions: HashMap::new(),
         pooled_regions: HashMap::new(),

@@ -1,7 +1,13 @@
 //! A small generational slab: the key of an entry is the `wr_id` of its work request.
 //!
 //! Keys are `generation << 32 | index`, so a completion carrying a stale or foreign `wr_id` never
-//! reaches the wrong entry (it is looked up, not trusted).
+//! reaches the wrong entry (it is looked up, not trusted). Generations have 31 bits: a key never
+//! has bit 63 set ([`TAG_BIT`]), which the connection uses to mark work requests that have no
+//! entry (unsignaled SENDs).
+
+/// The key bit no slab key has.
+pub(crate) const TAG_BIT: u64 = 1 << 63;
+const GENERATION_MASK: u32 = 0x7fff_ffff;
 
 #[derive(Debug)]
 struct Slot<T> {
@@ -56,7 +62,7 @@ impl<T> Slab<T> {
         self.slot(key)?;
         let index = (key & 0xffff_ffff) as u32;
         let slot = &mut self.slots[index as usize];
-        slot.generation = slot.generation.wrapping_add(1);
+        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
         self.free.push(index);
         self.len -= 1;
         slot.value.take()
@@ -75,7 +81,7 @@ impl<T> Slab<T> {
         let mut out = Vec::with_capacity(self.len);
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if let Some(v) = slot.value.take() {
-                slot.generation = slot.generation.wrapping_add(1);
+                slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
                 self.free.push(i as u32);
                 out.push(v);
             }
@@ -88,6 +94,19 @@ impl<T> Slab<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_never_carry_the_tag_bit() {
+        let mut s = Slab::default();
+        s.slots.push(Slot { generation: GENERATION_MASK, value: None });
+        s.free.push(0);
+        let k = s.insert(1);
+        assert_eq!(k & TAG_BIT, 0);
+        assert_eq!(s.remove(k), Some(1));
+        let k = s.insert(2);
+        assert_eq!(k >> 32, 0, "the generation wraps within 31 bits");
+        assert_eq!(s.get(k), Some(&2));
+    }
 
     #[test]
     fn stale_keys_miss() {

@@ -2,7 +2,8 @@
 //!
 //! Every `unsafe` block of the rdma backend that touches `rdma_mummy_sys` directly lives in this
 //! file: completion-channel events (`ibv_get_cq_event`, `ibv_ack_cq_events`,
-//! `ibv_req_notify_cq`), allocation-free CQ polling (`ibv_poll_cq`), async device events, the
+//! `ibv_req_notify_cq`), allocation-free CQ polling (`ibv_poll_cq`) and posting (`ibv_post_send`,
+//! `ibv_post_recv`: sideway's post guards allocate three vectors per call), async device events, the
 //! port's `max_msg_sz`, the QP's granted capabilities, and building a `ConnectionParameter` with the
 //! fields sideway has no setters for.
 
@@ -13,6 +14,7 @@ use std::ptr::{self, NonNull};
 use rdma_mummy_sys as ffi;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
 use sideway::ibverbs::device_context::DeviceContext;
+use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair};
 use sideway::rdmacm::communication_manager::ConnectionParameter;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -35,6 +37,158 @@ pub(crate) fn poll_cq(cq: &BasicCompletionQueue, out: &mut [WorkCompletion]) -> 
         return Err(io::Error::from_raw_os_error(-ret));
     }
     Ok(ret as usize)
+}
+
+/// Work requests posted with one `ibv_post_send` / `ibv_post_recv` call at most (a stack array).
+pub(crate) const POST_BATCH: usize = 16;
+
+/// One scatter-gather entry: `len` bytes at `addr`, in memory registered with `lkey`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sge {
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) lkey: u32,
+}
+
+/// What a send-queue work request does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SendOp {
+    /// A SEND of the SGE's bytes; `inline`: the provider copies them during the post.
+    Send { inline: bool },
+    /// An RDMA READ into the SGE from the peer's `remote_addr` (key `rkey`).
+    Read { remote_addr: u64, rkey: u32 },
+}
+
+/// A send-queue work request as plain data (no pointers), turned into an `ibv_send_wr` by
+/// [`post_send`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendWr {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    /// Produce a completion on success (errors always produce one).
+    pub(crate) signaled: bool,
+    /// `None` for an empty SEND.
+    pub(crate) sge: Option<Sge>,
+}
+
+/// A receive work request as plain data.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecvWr {
+    pub(crate) wr_id: u64,
+    pub(crate) sge: Sge,
+}
+
+/// How many work requests of a failed post went to the queue (those before the one the provider
+/// refused), and why it refused.
+#[derive(Debug)]
+pub(crate) struct PostError {
+    pub(crate) posted: usize,
+    pub(crate) error: io::Error,
+}
+
+fn post_errno(ret: i32) -> io::Error {
+    // Providers return a positive errno or a negative one.
+    io::Error::from_raw_os_error(ret.abs())
+}
+
+/// Posts up to [`POST_BATCH`] send-queue work requests as one chain (one doorbell), without
+/// allocating.
+///
+/// # Safety
+/// For every request with an SGE, `addr..addr + len` lies in memory registered with `lkey` in
+/// the QP's protection domain; for a non-inline request it stays allocated, and is not written
+/// (a SEND) or not read nor written by Rust code (a READ destination), until the request's
+/// completion is polled, the QP is destroyed, or, for an unsignaled request, a later request's
+/// completion is polled. Inline data is only read during this call.
+pub(crate) unsafe fn post_send(qp: &BasicQueuePair, wrs: &[SendWr]) -> Result<(), PostError> {
+    debug_assert!(wrs.len() <= POST_BATCH);
+    let wrs = &wrs[..wrs.len().min(POST_BATCH)];
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `ibv_send_wr` and `ibv_sge` are plain C structs (integers, pointers, unions of
+    // integers): all-zero is a valid value of each.
+    let mut raw: [ffi::ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, a plain C struct.
+    let mut sges: [ffi::ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+    for (i, wr) in wrs.iter().enumerate() {
+        let mut flags: u32 = 0;
+        if wr.signaled {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        let r = &mut raw[i];
+        r.wr_id = wr.wr_id;
+        match wr.op {
+            SendOp::Send { inline } => {
+                r.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+                if inline {
+                    flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                r.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+                r.wr.rdma.remote_addr = remote_addr;
+                r.wr.rdma.rkey = rkey;
+            }
+        }
+        r.send_flags = flags;
+        if let Some(sge) = wr.sge {
+            sges[i] = ffi::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
+            r.sg_list = &mut sges[i];
+            r.num_sge = 1;
+        }
+    }
+    let n = wrs.len();
+    for i in 0..n - 1 {
+        raw[i].next = &mut raw[i + 1];
+    }
+    let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+    // SAFETY: the QP is alive (borrowed); the chain of `n` requests and their SGEs are valid
+    // locals for the duration of the call (the provider copies them); the memory the SGEs name
+    // is the caller's obligation (see # Safety).
+    let ret = unsafe { ffi::ibv_post_send(qp.qp().as_ptr(), raw.as_mut_ptr(), &mut bad) };
+    if ret == 0 {
+        return Ok(());
+    }
+    let posted = raw[..n].iter().position(|r| ptr::eq(r, bad)).unwrap_or(0);
+    Err(PostError { posted, error: post_errno(ret) })
+}
+
+/// Posts up to [`POST_BATCH`] receive work requests as one chain, without allocating.
+///
+/// # Safety
+/// For every request, `addr..addr + len` lies in memory registered with `lkey` (local write) in
+/// the QP's protection domain, stays allocated and is not read nor written by Rust code until the
+/// request's completion is polled or the QP is destroyed.
+pub(crate) unsafe fn post_recv(qp: &BasicQueuePair, wrs: &[RecvWr]) -> Result<(), PostError> {
+    debug_assert!(wrs.len() <= POST_BATCH);
+    let wrs = &wrs[..wrs.len().min(POST_BATCH)];
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: plain C structs, all-zero is valid (as in post_send).
+    let mut raw: [ffi::ibv_recv_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, a plain C struct.
+    let mut sges: [ffi::ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+    for (i, wr) in wrs.iter().enumerate() {
+        sges[i] = ffi::ibv_sge { addr: wr.sge.addr, length: wr.sge.len, lkey: wr.sge.lkey };
+        raw[i].wr_id = wr.wr_id;
+        raw[i].sg_list = &mut sges[i];
+        raw[i].num_sge = 1;
+    }
+    let n = wrs.len();
+    for i in 0..n - 1 {
+        raw[i].next = &mut raw[i + 1];
+    }
+    let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+    // SAFETY: as in post_send: a live QP, a valid local chain; the memory is the caller's
+    // obligation.
+    let ret = unsafe { ffi::ibv_post_recv(qp.qp().as_ptr(), raw.as_mut_ptr(), &mut bad) };
+    if ret == 0 {
+        return Ok(());
+    }
+    let posted = raw[..n].iter().position(|r| ptr::eq(r, bad)).unwrap_or(0);
+    Err(PostError { posted, error: post_errno(ret) })
 }
 
 /// Arms the CQ: the next completion added to it produces one event on its completion channel.
