@@ -367,7 +367,10 @@ pub enum Completion {
         /// The buffer, holding the message.
         buf: RecvBuffer,
     },
-    /// A posted SEND finished (its bytes may be reused), or failed.
+    /// A posted SEND finished (its bytes may be reused), or failed. `Ok` says the transport is
+    /// done with the bytes, not that the peer received them (a reply says that): a small rdma
+    /// SEND posted unsignaled reports `Ok` once posted. A SEND that fails later fails the
+    /// connection, which [`Connection::poll_completions`] then reports.
     Send {
         /// The id given to [`Connection::post_send`].
         wr_id: WrId,
@@ -428,6 +431,9 @@ pub struct TransportCounters {
     /// SENDs posted without asking for a work completion (rdma: small inline SENDs, all but one
     /// in `signal_every`); also counted in `sends`.
     pub sends_unsignaled: u64,
+    /// SENDs the caller wrote to the socket itself, the writer task being idle (tcp); also
+    /// counted in `sends`.
+    pub sends_direct: u64,
 }
 
 impl TransportCounters {
@@ -452,6 +458,7 @@ impl TransportCounters {
         out.bytes_pushed += other.bytes_pushed;
         out.reads_served_from_push += other.reads_served_from_push;
         out.sends_unsignaled += other.sends_unsignaled;
+        out.sends_direct += other.sends_direct;
         out
     }
 }
@@ -467,6 +474,16 @@ pub trait Connection: Send + fmt::Debug + 'static {
 
     /// Posts a receive buffer (normally one that a [`Completion::Recv`] returned).
     fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError>;
+
+    /// Posts every buffer of `bufs` (drained, in order) as [`Connection::post_recv`] would, in
+    /// as few calls to the device as it can (rdma: one `ibv_post_recv` per 16). All are posted
+    /// when it returns.
+    fn post_recv_batch(&mut self, bufs: &mut Vec<RecvBuffer>) -> Result<(), TransportError> {
+        for buf in bufs.drain(..) {
+            self.post_recv(buf)?;
+        }
+        Ok(())
+    }
 
     /// Posts a two-sided SEND of `msg` (at most [`ConnInfo::peer_recv_size`] bytes).
     fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError>;

@@ -469,7 +469,9 @@ async fn unexpected_message_fails_connection() {
         // iWARP completes a SEND once it is on the wire; the receiver terminates the connection.
         assert!(results.iter().any(|&(id, _)| id == 2), "{seen:?}");
     } else {
-        assert!(results.iter().any(|&(id, ok)| id == 2 && !ok), "{seen:?}");
+        // The SEND met no posted receive (RNR retries exhausted). A small SEND goes unsignaled
+        // and reported its completion when posted; either way its failure fails the connection.
+        assert!(results.iter().any(|&(id, _)| id == 2), "{seen:?}");
         assert_eq!(client.counters().recv_unexpected, 1);
     }
     // The one posted receive got the first message.

@@ -378,3 +378,61 @@ async fn dropped_listener_frees_the_port_but_keeps_connections() {
     })
     .await;
 }
+
+/// SENDs written by the caller at once (the writer idle) and by the writer (after a partial
+/// direct write into a full socket buffer, and the rest of the burst) reach the peer whole and in
+/// posting order, and complete in posting order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_and_queued_sends_keep_their_order_through_partial_writes() {
+    const N: u64 = 120;
+    const SIZE: usize = 60_000;
+    let payload = |i: u64| -> Vec<u8> { (0..SIZE).map(|j| (i as usize * 31 + j) as u8).collect() };
+    let raw_server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = raw_server.local_addr().unwrap();
+    let (start_reading, reading) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = raw_server.accept().await.unwrap();
+        s.write_all(&hello(VERSION, 4, 65536, b"")).await.unwrap();
+        let mut their_hello = [0u8; HELLO_FIXED];
+        s.read_exact(&mut their_hello).await.unwrap();
+        // Let the socket buffers fill before reading anything.
+        reading.await.unwrap();
+        for i in 0..N {
+            let mut header = [0u8; 5];
+            s.read_exact(&mut header).await.unwrap();
+            assert_eq!(header[0], 1, "a SEND frame");
+            assert_eq!(u32::from_le_bytes(header[1..].try_into().unwrap()) as usize, SIZE);
+            let mut body = vec![0u8; SIZE];
+            s.read_exact(&mut body).await.unwrap();
+            assert!(body == payload(i), "message {i} intact and in order");
+        }
+    });
+    let mut client = within("connect", tcp::connect(addr, ConnParams::default())).await.unwrap();
+    let mut completed = Vec::new();
+    for i in 0..N {
+        client.post_send(i, Bytes::from(payload(i))).unwrap();
+        // Taking the completions that are ready lets the next SEND go directly if it can.
+        let mut out = Vec::new();
+        let _ = futures::FutureExt::now_or_never(futures::future::poll_fn(|cx| {
+            client.poll_completions(cx, &mut out, 64)
+        }));
+        completed.extend(out);
+    }
+    start_reading.send(()).unwrap();
+    while completed.len() < N as usize {
+        completed.push(within("a send completion", next(&mut *client)).await.unwrap());
+    }
+    let ids: Vec<u64> = completed
+        .iter()
+        .map(|c| match c {
+            Completion::Send { wr_id, result: Ok(()) } => *wr_id,
+            other => panic!("expected a successful send, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, (0..N).collect::<Vec<_>>(), "send completions in posting order");
+    within("the raw server", server).await.unwrap();
+    let c = client.counters();
+    assert_eq!(c.sends, N);
+    assert!(c.sends_direct > 0, "the first SENDs went directly: {c:?}");
+    assert!(c.sends_direct < N, "once the socket buffer filled, the writer took over: {c:?}");
+}

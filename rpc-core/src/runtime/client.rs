@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rpc_transport::{Address, Completion, Connection, MemPool, TransportError};
+use rpc_transport::{Address, Connection, MemPool, TransportError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Sleep;
 use tracing::field::Empty;
@@ -314,7 +314,7 @@ async fn open(
         conn,
         commands: rx,
         pending: HashMap::new(),
-        scratch: Vec::with_capacity(driver::COMPLETION_BATCH),
+        scratch: driver::Scratch::new(),
         sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
         closing: false,
     };
@@ -425,7 +425,7 @@ struct ClientDriver {
     conn: Box<dyn Connection>,
     commands: mpsc::UnboundedReceiver<Command>,
     pending: HashMap<u64, Reply>,
-    scratch: Vec<Completion>,
+    scratch: driver::Scratch,
     sleep: Pin<Box<Sleep>>,
     closing: bool,
 }

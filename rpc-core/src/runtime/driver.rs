@@ -121,8 +121,9 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
     cx: &mut Context<'_>,
     conn: &mut dyn Connection,
     proto: &mut P,
-    scratch: &mut Vec<Completion>,
+    scratch: &mut Scratch,
 ) -> Result<bool, Fatal> {
+    let Scratch { completions: scratch, reposts } = scratch;
     match conn.poll_completions(cx, scratch, COMPLETION_BATCH) {
         Poll::Pending => return Ok(false),
         Poll::Ready(Err(e)) => return Err(Fatal::Transport(e)),
@@ -133,13 +134,14 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
         match completion {
             Completion::Recv { buf } => {
                 // The message is handed on as it lies in the receive buffer (no copy); a fresh
-                // buffer of the connection's pool takes its place in the receive queue before the
-                // state machine can return the credit.
+                // buffer of the connection's pool takes its place in the receive queue (all of
+                // the batch's in one post, below) before the state machine can return the credit.
                 let size = buf.capacity();
-                let handled = proto.handle_frame(buf.into_bytes(), now);
-                conn.post_recv(RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)))
-                    .map_err(Fatal::Transport)?;
-                handled.map_err(Fatal::Protocol)?;
+                reposts.push(RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)));
+                if let Err(e) = proto.handle_frame(buf.into_bytes(), now) {
+                    conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
+                    return Err(Fatal::Protocol(e));
+                }
             }
             Completion::Send { wr_id, result } => {
                 proto.handle_send(wr_id, result.map_err(|e| e.to_string())).map_err(Fatal::Protocol)?;
@@ -148,7 +150,27 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
             other => tracing::warn!(?other, "unknown completion kind ignored"),
         }
     }
+    if !reposts.is_empty() {
+        conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
+    }
     Ok(true)
+}
+
+/// Buffers a driver reuses from one poll to the next (no allocation per poll).
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    completions: Vec<Completion>,
+    /// Receive buffers to post in place of those the batch's messages arrived in.
+    reposts: Vec<RecvBuffer>,
+}
+
+impl Scratch {
+    pub(crate) fn new() -> Self {
+        Scratch {
+            completions: Vec::with_capacity(COMPLETION_BATCH),
+            reposts: Vec::with_capacity(COMPLETION_BATCH),
+        }
+    }
 }
 
 /// Posts every operation the state machine asks for.

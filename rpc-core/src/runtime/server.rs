@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt;
-use rpc_transport::{Address, Completion, Connection, Listener};
+use rpc_transport::{Address, Connection, Listener};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Sleep;
@@ -283,7 +283,7 @@ impl Acceptor {
             estimates: ResponseEstimates::new(self.service.methods()),
             results_tx,
             results,
-            scratch: Vec::with_capacity(driver::COMPLETION_BATCH),
+            scratch: driver::Scratch::new(),
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             shutdown: shutdown_signal(self.shutdown.clone()),
             draining: false,
@@ -388,7 +388,7 @@ struct ServerDriver {
     estimates: ResponseEstimates,
     results_tx: mpsc::UnboundedSender<HandlerResult>,
     results: mpsc::UnboundedReceiver<HandlerResult>,
-    scratch: Vec<Completion>,
+    scratch: driver::Scratch,
     sleep: Pin<Box<Sleep>>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     draining: bool,

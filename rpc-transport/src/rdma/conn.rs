@@ -140,9 +140,9 @@ pub struct RdmaConnection {
     /// `pump` or when [`super::sys::POST_BATCH`] are waiting. The `WrId` of an unsignaled SEND
     /// rides along: its completion is reported once it is posted.
     pub(super) sq_batch: Vec<Batched>,
-    /// Receives queued, posted together before the next send-queue post and before
-    /// `poll_completions` looks at the CQ (so a credit never reaches the peer before its buffer is
-    /// posted).
+    /// Receives queued and not yet posted: posted together at the end of the call that queued
+    /// them (`post_recv`, `post_recv_batch`, the handling of a batch of completions), so a
+    /// credit never reaches the peer before its buffer is posted.
     pub(super) rq_batch: Vec<RecvWr>,
     pub(super) reads_in_flight: u32,
     /// Regions advertised with a registration of their own.
@@ -199,6 +199,8 @@ impl RdmaConnection {
     pub(super) fn poll_progress(&mut self, cx: &mut Context<'_>) {
         // The CQ first: a message that arrived before the peer disconnected is delivered.
         self.poll_cq(cx);
+        // Receives re-posted from the backlog while completions were handled.
+        self.flush_rq();
         self.poll_cm_events(cx);
     }
 
@@ -284,6 +286,17 @@ impl Connection for RdmaConnection {
         self.check_alive()?;
         self.counters.recvs_posted += 1;
         self.post_user_recv(buf);
+        self.flush_rq();
+        Ok(())
+    }
+
+    fn post_recv_batch(&mut self, bufs: &mut Vec<RecvBuffer>) -> Result<(), TransportError> {
+        self.check_alive()?;
+        for buf in bufs.drain(..) {
+            self.counters.recvs_posted += 1;
+            self.post_user_recv(buf);
+        }
+        self.flush_rq();
         Ok(())
     }
 
@@ -362,8 +375,6 @@ impl Connection for RdmaConnection {
         if max == 0 {
             return Poll::Ready(Ok(()));
         }
-        // Receives re-posted since the last call go to the NIC before we look for more work.
-        self.flush_rq();
         if self.ready.is_empty() {
             self.poll_progress(cx);
         }

@@ -220,7 +220,12 @@ impl TcpReaderHarness {
     /// with that reason (as the tcp backend does), and collects every completion.
     pub fn run(self, stream: &[u8]) -> TcpReaderRun {
         let (out, mut rx) = mpsc::unbounded_channel();
-        let mut reader = Reader::new(self.soft.clone(), out, self.recv_size, self.push.clone());
+        let mut reader = Reader::new(
+            self.soft.clone(),
+            super::outbox::Outbox::new(out, None),
+            self.recv_size,
+            self.push.clone(),
+        );
         // No writer to give the refusal time to leave: close at once.
         reader.close_grace = std::time::Duration::ZERO;
         let (death, responses) = RUNTIME.with(|rt| {

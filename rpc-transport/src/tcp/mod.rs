@@ -8,7 +8,8 @@
 //! connection on both ends, as verbs does: the reader's READ completes with its typed error
 //! ([`crate::ReadError::InvalidKey`], [`crate::ReadError::OutOfBounds`], ...), then both ends fail
 //! with `Disconnected`. Each connection has a reader task and a writer task; the writer writes
-//! every queued frame and then flushes once.
+//! every queued frame and then flushes once. A SEND posted while the writer is idle is written by
+//! the caller at once (see `outbox.rs`): no task is woken for it.
 //!
 //! Setup (see `handshake.rs`): the listener reads and validates the client's hello before it
 //! allocates anything for the connection, handshakes are bounded in number
@@ -33,6 +34,7 @@
 pub(crate) mod fuzzing;
 mod handshake;
 mod listener;
+mod outbox;
 mod push;
 mod reader;
 mod wire;
@@ -54,6 +56,7 @@ use crate::{
     TransportError, WrId,
 };
 use handshake::PeerHello;
+use outbox::{Direct, Outbox};
 use push::{Lookup, Push, PushPool};
 use writer::Outgoing;
 
@@ -142,7 +145,10 @@ fn dead_after(idle: Duration) -> Duration {
 struct TcpConnection {
     soft: Arc<Soft>,
     push: Arc<Push>,
-    out: mpsc::UnboundedSender<Outgoing>,
+    out: Outbox,
+    /// A SEND was written directly and its completion not polled yet: we are in a burst, whose
+    /// next SENDs go to the writer (one vectored write for all) rather than one system call each.
+    direct_unpolled: bool,
     info: ConnInfo,
 }
 
@@ -164,8 +170,9 @@ impl TcpConnection {
             dead_push.close();
             stop_tx.send_replace(true);
         });
-        let (out, out_rx) = mpsc::unbounded_channel();
+        let (tx, out_rx) = mpsc::unbounded_channel();
         let (read_half, write_half) = stream.into_split();
+        let out = Outbox::new(tx, Some(write_half));
 
         let mut reader = reader::Reader::new(soft.clone(), out.clone(), ours.recv_size, push.clone());
         let (reader_soft, mut stop) = (soft.clone(), stop_rx.clone());
@@ -177,14 +184,15 @@ impl TcpConnection {
             }
         });
 
-        let (writer_soft, mut stop, mut out_rx) = (soft.clone(), stop_rx, out_rx);
+        let (writer_soft, mut stop, mut out_rx, outbox) = (soft.clone(), stop_rx, out_rx, out.clone());
         tokio::spawn(async move {
-            let mut w = write_half;
+            let mut w = outbox.writer();
             tokio::select! {
-                death = writer::run(&mut w, &mut out_rx, &writer_soft) => writer_soft.fail(death),
+                death = writer::run(&mut w, &mut out_rx, &outbox, &writer_soft) => writer_soft.fail(death),
                 _ = stop.wait_for(|stopped| *stopped) => {}
             }
-            // Dropping the write half shuts the socket down for writing: the peer sees EOF.
+            // The peer sees EOF.
+            outbox.shutdown();
         });
 
         let info = ConnInfo {
@@ -196,13 +204,13 @@ impl TcpConnection {
             peer: peer.to_string(),
             backend: "tcp",
         };
-        TcpConnection { soft, push, out, info }
+        TcpConnection { soft, push, out, direct_unpolled: false, info }
     }
 
     /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the
     /// operation was flushed.
     fn queue(&self, frame: Outgoing) {
-        let _ = self.out.send(frame);
+        let _ = self.out.queue(frame);
     }
 }
 
@@ -221,7 +229,16 @@ impl Connection for TcpConnection {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
         }
         let op = self.soft.begin_send(wr_id)?;
-        self.queue(Outgoing::Send { op, msg });
+        if self.direct_unpolled {
+            self.queue(Outgoing::Send { op, msg });
+            return Ok(());
+        }
+        // The writer idle: written here, one system call, no task woken.
+        if let Direct::Written = self.out.send_now(op, msg) {
+            self.direct_unpolled = true;
+            self.soft.count(|c| c.sends_direct += 1);
+            self.soft.complete_send(op, Ok(()));
+        }
         Ok(())
     }
 
@@ -279,6 +296,7 @@ impl Connection for TcpConnection {
         out: &mut Vec<Completion>,
         max: usize,
     ) -> Poll<Result<(), TransportError>> {
+        self.direct_unpolled = false;
         self.soft.poll_completions(cx, out, max)
     }
 

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
+use super::outbox::Outbox;
 use super::push::Push;
 use super::wire::{self, Header};
 use super::writer::Outgoing;
@@ -17,7 +18,7 @@ use crate::soft::{Death, Soft};
 #[derive(Debug)]
 pub(crate) struct Reader {
     pub(crate) soft: Arc<Soft>,
-    pub(crate) out: mpsc::UnboundedSender<Outgoing>,
+    pub(crate) out: Outbox,
     pub(crate) recv_size: u32,
     /// Regions the peer pushed, and the window our pushes may use.
     pub(crate) push: Arc<Push>,
@@ -52,12 +53,7 @@ fn inside_frame(e: io::Error) -> Death {
 }
 
 impl Reader {
-    pub(crate) fn new(
-        soft: Arc<Soft>,
-        out: mpsc::UnboundedSender<Outgoing>,
-        recv_size: u32,
-        push: Arc<Push>,
-    ) -> Reader {
+    pub(crate) fn new(soft: Arc<Soft>, out: Outbox, recv_size: u32, push: Arc<Push>) -> Reader {
         let response_permits = Arc::new(Semaphore::new(MAX_QUEUED_RESPONSES));
         Reader { soft, out, recv_size, push, scratch: Vec::new(), response_permits, close_grace: CLOSE_GRACE }
     }
@@ -137,7 +133,7 @@ impl Reader {
     /// Hands the peer's pushed region `rkey` (`len` bytes) back. If the writer is gone the
     /// endpoint is dead already and the window no longer matters.
     fn window_back(&self, rkey: u32, len: u64) {
-        let _ = self.out.send(Outgoing::Window { rkey, len });
+        let _ = self.out.queue(Outgoing::Window { rkey, len });
     }
 
     /// A SEND: read straight into the next posted receive, or keep it until one is posted.
@@ -180,13 +176,15 @@ impl Reader {
         let writer_gone = |_| Death::Closed("writer stopped".into());
         match self.soft.serve_read(addr, len, rkey) {
             Ok(data) => {
-                self.out.send(Outgoing::ReadResp { id, result: Ok(data), permit }).map_err(writer_gone)
+                self.out.queue(Outgoing::ReadResp { id, result: Ok(data), permit }).map_err(writer_gone)
             }
             Err(refused) => {
                 let death = Death::Closed(format!("refused the peer's READ ({refused}): connection closed"));
                 let status = wire::status_of(&refused);
-                self.out.send(Outgoing::ReadResp { id, result: Err(status), permit }).map_err(writer_gone)?;
-                self.out.send(Outgoing::Close { death: death.clone() }).map_err(writer_gone)?;
+                self.out
+                    .queue(Outgoing::ReadResp { id, result: Err(status), permit })
+                    .map_err(writer_gone)?;
+                self.out.queue(Outgoing::Close { death: death.clone() }).map_err(writer_gone)?;
                 if !self.close_grace.is_zero() {
                     tokio::time::sleep(self.close_grace).await;
                 }

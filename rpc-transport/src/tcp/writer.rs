@@ -11,6 +11,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use super::outbox::Outbox;
 use super::wire;
 use crate::soft::{Death, OpId, Soft};
 use crate::{RKey, RegionDesc};
@@ -20,6 +21,9 @@ use crate::{RKey, RegionDesc};
 pub(crate) enum Outgoing {
     /// Our SEND; its completion is queued once the frame is written.
     Send { op: OpId, msg: Bytes },
+    /// The rest of our SEND after a partial direct write: what is left of its header, then of its
+    /// payload.
+    SendRest { op: OpId, head: Bytes, body: Bytes },
     /// Our READ request (`id` is the pending READ's op id).
     ReadReq { id: OpId, addr: u64, len: u64, rkey: u32 },
     /// The answer to the peer's READ: the region's bytes, or a refusal status. The permit is
@@ -50,14 +54,24 @@ const MAX_COPIED: usize = 64 * 1024;
 const MAX_PIECES: usize = 512;
 
 /// Writes frames until the queue closes, a write fails or a [`Outgoing::Close`] is written;
-/// returns why it stopped.
+/// returns why it stopped. Between batches, when its queue is empty, it tells the outbox it is
+/// idle (the connection may then write a SEND itself).
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
     w: &mut W,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    outbox: &Outbox,
     soft: &Arc<Soft>,
 ) -> Death {
     let mut batch = Batch::default();
-    while let Some(first) = rx.recv().await {
+    let mut next = None;
+    loop {
+        let first = match next.take() {
+            Some(frame) => frame,
+            None => match rx.recv().await {
+                Some(frame) => frame,
+                None => break,
+            },
+        };
         let closing = match write_batch(w, first, rx, &mut batch).await {
             Ok(closing) => closing,
             Err(e) => return Death::Closed(format!("write failed: {e}")),
@@ -67,6 +81,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
         if let Some(death) = closing {
             return death;
         }
+        next = outbox.idle_or_next(rx);
     }
     Death::Closed("connection dropped".into())
 }
@@ -118,6 +133,11 @@ impl Batch {
                 // `post_send` checked the length against the peer's recv_size, a u32.
                 self.copy(&wire::encode_send(msg.len() as u32));
                 self.payload(&msg);
+                self.sends.push(op);
+            }
+            Outgoing::SendRest { op, head, body } => {
+                self.copy(&head);
+                self.payload(&body);
                 self.sends.push(op);
             }
             Outgoing::ReadReq { id, addr, len, rkey } => {

@@ -2,6 +2,7 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use proptest::prelude::*;
+use tokio::sync::mpsc;
 
 use super::*;
 use crate::tcp::push::Push;
@@ -21,7 +22,8 @@ fn harness(recv_depth: u32, recv_size: u32) -> Harness {
 fn harness_with_push(recv_depth: u32, recv_size: u32, push: Push) -> Harness {
     let soft = Soft::new(&ConnParams { recv_depth, recv_size, ..ConnParams::default() });
     let (out, responses) = mpsc::unbounded_channel();
-    let mut reader = Reader::new(soft.clone(), out, recv_size, Arc::new(push));
+    let mut reader =
+        Reader::new(soft.clone(), crate::tcp::outbox::Outbox::new(out, None), recv_size, Arc::new(push));
     reader.close_grace = std::time::Duration::ZERO;
     Harness { reader, soft, responses }
 }
