@@ -13,7 +13,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use rpc_transport::{Address, Connection, MemPool, TransportError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio::time::Sleep;
 use tracing::field::Empty;
 use tracing::Instrument;
 
@@ -315,7 +314,7 @@ async fn open(
         commands: rx,
         pending: HashMap::new(),
         scratch: driver::Scratch::new(),
-        sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        sleep: driver::Timer::new(),
         closing: false,
     };
     let (done_tx, done) = oneshot::channel::<()>();
@@ -426,7 +425,7 @@ struct ClientDriver {
     commands: mpsc::UnboundedReceiver<Command>,
     pending: HashMap<u64, Reply>,
     scratch: driver::Scratch,
-    sleep: Pin<Box<Sleep>>,
+    sleep: driver::Timer,
     closing: bool,
 }
 

@@ -137,8 +137,9 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
                 // buffer of the connection's pool takes its place in the receive queue (all of
                 // the batch's in one post, below) before the state machine can return the credit.
                 let size = buf.capacity();
+                let handled = proto.handle_frame(buf.into_bytes(), now);
                 reposts.push(RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)));
-                if let Err(e) = proto.handle_frame(buf.into_bytes(), now) {
+                if let Err(e) = handled {
                     conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
                     return Err(Fatal::Protocol(e));
                 }
@@ -209,28 +210,56 @@ pub(crate) fn revoke_after_close<P: ProtoEnd>(conn: &mut dyn Connection, proto: 
     }
 }
 
-/// Runs expired timers (call deadlines, keepalive, READ and done timeouts) and arms `sleep`
+/// A driver's one timer, re-armed lazily: only when the state machine's next timeout comes
+/// earlier than the one armed. A timeout that moved later (the keepalive, pushed back by every
+/// frame received) lets the armed timer fire early once, and it is re-armed then: timer-wheel
+/// work and the Sleep's poll happen about once per timeout, not once per call.
+#[derive(Debug)]
+pub(crate) struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    /// When the sleep is set to fire (its waker registered); `None`: not armed.
+    armed: Option<tokio::time::Instant>,
+}
+
+impl Timer {
+    pub(crate) fn new() -> Self {
+        Timer { sleep: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)), armed: None }
+    }
+}
+
+/// Runs expired timers (call deadlines, keepalive, READ and done timeouts) and arms the timer
 /// for the next one. Returns whether anything expired; a fatal timeout (a silent peer, an
 /// overdue READ or done report) is an error.
 pub(crate) fn drive_timers<P: ProtoEnd>(
     cx: &mut Context<'_>,
     proto: &mut P,
-    sleep: &mut Pin<Box<Sleep>>,
+    timer: &mut Timer,
 ) -> Result<bool, Fatal> {
     let mut fired = false;
+    let mut now = tokio::time::Instant::now();
+    if timer.armed.is_some_and(|armed| armed <= now) {
+        // It fired (or is about to): whatever the state machine wants next is armed below.
+        timer.armed = None;
+    }
     loop {
         let Some(at) = proto.timeout() else { return Ok(fired) };
         let at = tokio::time::Instant::from_std(at);
-        if at <= tokio::time::Instant::now() {
-            proto.expire(now()).map_err(Fatal::Protocol)?;
+        if at <= now {
+            proto.expire(now.into_std()).map_err(Fatal::Protocol)?;
             fired = true;
             continue;
         }
-        if sleep.deadline() != at {
-            sleep.as_mut().reset(at);
-        }
-        if sleep.as_mut().poll(cx).is_pending() {
+        if timer.armed.is_some_and(|armed| armed <= at) {
+            // Armed no later than needed: it wakes us in time (perhaps early).
             return Ok(fired);
         }
+        timer.sleep.as_mut().reset(at);
+        if timer.sleep.as_mut().poll(cx).is_pending() {
+            timer.armed = Some(at);
+            return Ok(fired);
+        }
+        // Already due (time moved on meanwhile): run it.
+        timer.armed = None;
+        now = tokio::time::Instant::now().max(at);
     }
 }

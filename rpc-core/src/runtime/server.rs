@@ -16,7 +16,6 @@ use futures::FutureExt;
 use rpc_transport::{Address, Connection, Listener};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::{AbortHandle, JoinSet};
-use tokio::time::Sleep;
 use tracing::Instrument;
 
 use super::config::ServerConfig;
@@ -284,7 +283,7 @@ impl Acceptor {
             results_tx,
             results,
             scratch: driver::Scratch::new(),
-            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            sleep: driver::Timer::new(),
             shutdown: shutdown_signal(self.shutdown.clone()),
             draining: false,
             stats_slot: self.board.slot(),
@@ -389,7 +388,7 @@ struct ServerDriver {
     results_tx: mpsc::UnboundedSender<HandlerResult>,
     results: mpsc::UnboundedReceiver<HandlerResult>,
     scratch: driver::Scratch,
-    sleep: Pin<Box<Sleep>>,
+    sleep: driver::Timer,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     draining: bool,
     /// This connection's own slot of the server's board: publishing never contends with
