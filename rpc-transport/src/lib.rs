@@ -488,6 +488,20 @@ pub trait Connection: Send + fmt::Debug + 'static {
     /// Posts a two-sided SEND of `msg` (at most [`ConnInfo::peer_recv_size`] bytes).
     fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError>;
 
+    /// Posts every SEND of `sends` (drained, in order) as [`Connection::post_send`] would, in
+    /// as few calls to the device as it can (rdma: one `ibv_post_send` per 16). An error means
+    /// what it means for `post_send` (the connection is unusable); the SENDs after the one that
+    /// failed are dropped unposted.
+    fn post_send_batch(&mut self, sends: &mut Vec<(WrId, Bytes)>) -> Result<(), TransportError> {
+        let mut result = Ok(());
+        for (wr_id, msg) in sends.drain(..) {
+            if result.is_ok() {
+                result = self.post_send(wr_id, msg);
+            }
+        }
+        result
+    }
+
     /// The connection's pool of registered memory. Buffers from it are sent, advertised and
     /// READ into without registering anything; encode into them. Cheap to clone and to use
     /// from any thread.

@@ -506,7 +506,7 @@ impl ClientDriver {
         let mut progressed = self.poll_commands(cx);
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
-        driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
+        driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
         Ok(progressed)
     }

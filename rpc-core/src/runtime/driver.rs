@@ -123,7 +123,7 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
     proto: &mut P,
     scratch: &mut Scratch,
 ) -> Result<bool, Fatal> {
-    let Scratch { completions: scratch, reposts } = scratch;
+    let Scratch { completions: scratch, reposts, .. } = scratch;
     match conn.poll_completions(cx, scratch, COMPLETION_BATCH) {
         Poll::Pending => return Ok(false),
         Poll::Ready(Err(e)) => return Err(Fatal::Transport(e)),
@@ -163,6 +163,8 @@ pub(crate) struct Scratch {
     completions: Vec<Completion>,
     /// Receive buffers to post in place of those the batch's messages arrived in.
     reposts: Vec<RecvBuffer>,
+    /// SENDs of one `post_ops`, posted together.
+    sends: Vec<(WrId, Bytes)>,
 }
 
 impl Scratch {
@@ -170,20 +172,31 @@ impl Scratch {
         Scratch {
             completions: Vec::with_capacity(COMPLETION_BATCH),
             reposts: Vec::with_capacity(COMPLETION_BATCH),
+            sends: Vec::with_capacity(COMPLETION_BATCH),
         }
     }
 }
 
-/// Posts every operation the state machine asks for.
-pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) -> Result<(), Fatal> {
+/// Posts every operation the state machine asks for. SENDs go to the transport together at the
+/// end (rdma: one doorbell per 16), or before a revocation, so that the order of SENDs and
+/// revocations is kept.
+pub(crate) fn post_ops<P: ProtoEnd>(
+    conn: &mut dyn Connection,
+    proto: &mut P,
+    scratch: &mut Scratch,
+) -> Result<(), Fatal> {
+    let sends = &mut scratch.sends;
     while let Some(op) = proto.next_op() {
         match op {
-            Op::Send { wr_id, frame } => conn.post_send(wr_id, frame).map_err(Fatal::Transport)?,
+            Op::Send { wr_id, frame } => sends.push((wr_id, frame)),
             Op::Register { call_id, data } => {
                 let result = conn.register(data).map_err(|e| e.to_string());
                 proto.handle_registered(call_id, result);
             }
             Op::Deregister { region } => {
+                if !sends.is_empty() {
+                    conn.post_send_batch(sends).map_err(Fatal::Transport)?;
+                }
                 if let Err(e) = conn.deregister(region) {
                     tracing::warn!(?region, error = %e, "revoking a region failed");
                 }
@@ -194,6 +207,9 @@ pub(crate) fn post_ops<P: ProtoEnd>(conn: &mut dyn Connection, proto: &mut P) ->
                 conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
             }
         }
+    }
+    if !sends.is_empty() {
+        conn.post_send_batch(sends).map_err(Fatal::Transport)?;
     }
     Ok(())
 }

@@ -581,11 +581,11 @@ impl ServerDriver {
         progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
         self.run_events();
         progressed |= self.start_handlers(cx);
-        driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
+        driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         if let Some(budget) = self.proto.blocked_on_shared_budget() {
             // A READ waits for the server-wide budget: be woken by a release, then retry.
             budget.register_waker(cx.waker());
-            driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
+            driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         }
         Ok(progressed)
     }

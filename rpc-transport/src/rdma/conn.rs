@@ -271,6 +271,18 @@ impl RdmaConnection {
         self.failed.is_some() && self.sq_signaled == 0 && self.reads.is_empty()
     }
 
+    /// Checks a SEND and queues it behind the others (posted by the next `pump`).
+    fn queue_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+        self.check_alive()?;
+        let max = self.info.peer_recv_size as usize;
+        if msg.len() > max {
+            return Err(TransportError::MessageTooLarge { len: msg.len(), max });
+        }
+        self.counters.sends += 1;
+        self.send_backlog.push_back((wr_id, msg));
+        Ok(())
+    }
+
     /// Work requests occupying the send queue (posted or batched, not known complete).
     pub(super) fn sq_outstanding(&self) -> u32 {
         u32::try_from(self.sq_posted - self.sq_retired).unwrap_or(u32::MAX)
@@ -301,15 +313,21 @@ impl Connection for RdmaConnection {
     }
 
     fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
-        self.check_alive()?;
-        let max = self.info.peer_recv_size as usize;
-        if msg.len() > max {
-            return Err(TransportError::MessageTooLarge { len: msg.len(), max });
-        }
-        self.counters.sends += 1;
-        self.send_backlog.push_back((wr_id, msg));
+        self.queue_send(wr_id, msg)?;
         self.pump();
         Ok(())
+    }
+
+    fn post_send_batch(&mut self, sends: &mut Vec<(WrId, Bytes)>) -> Result<(), TransportError> {
+        let mut result = Ok(());
+        for (wr_id, msg) in sends.drain(..) {
+            if result.is_ok() {
+                result = self.queue_send(wr_id, msg);
+            }
+        }
+        // One pump: the SENDs leave in chains, one doorbell per `POST_BATCH`.
+        self.pump();
+        result
     }
 
     fn pool(&self) -> &MemPool {
