@@ -961,18 +961,23 @@ mod tests {
                         .collect()
                 })
                 .collect();
+            let start = Arc::new(std::sync::Barrier::new(4));
             let freers: Vec<_> = bufs
                 .into_iter()
                 .map(|mine| {
+                    let start = start.clone();
                     std::thread::spawn(move || {
+                        start.wait();
                         for b in mine {
                             drop(b);
                         }
                     })
                 })
                 .collect();
-            if round % 2 == 0 {
-                std::thread::yield_now();
+            // Closes at a different point of the frees each round.
+            start.wait();
+            for _ in 0..round * 500 {
+                std::hint::spin_loop();
             }
             pool.close();
             for f in freers {
@@ -982,6 +987,24 @@ mod tests {
             assert_eq!((c.registered_bytes, c.pooled_bytes), (0, 0), "round {round}: {c:?}");
             assert!(pool.shared.snapshot.load().is_empty());
         }
+    }
+
+    /// The interleaving the smoke test above can rarely hit, step by step: a free that checked
+    /// the flag before `close` and pushed its block after `close` emptied the list.
+    #[test]
+    fn a_block_pushed_after_close_is_released_by_the_recheck() {
+        let pool = MemPool::heap(PoolLimits::default());
+        let mut buf = pool.alloc(100).unwrap();
+        let Storage::Pooled(block) = std::mem::replace(&mut buf.storage, Storage::Heap(Vec::new())) else {
+            unreachable!("a pool buffer")
+        };
+        let class = class_index(block.size);
+        pool.close();
+        assert!(pool.counters().registered_bytes > 0, "the block keeps its chunk");
+        pool.shared.free_list(class).push(block); // the late push
+        pool.shared.recheck_closed(class);
+        assert_eq!(pool.counters().registered_bytes, 0, "released, not kept idle");
+        assert!(pool.shared.snapshot.load().is_empty());
     }
 
     #[test]
