@@ -24,21 +24,49 @@
 //! [`PoolCounters::one_off`]). [`PoolLimits::max_idle_bytes`] bounds the large buffers kept idle
 //! for reuse; shared small-class chunks stay until the pool goes.
 //!
+//! Besides the chunks, each size class in use has a free list of `2 x` its blocks per chunk
+//! (at least 8) slots of 32 bytes, made on the class's first use: 8 KiB for the 512-byte class.
+//!
+//! # No lock on the common path
+//!
+//! Allocating and freeing a buffer take no lock: each size class's idle blocks wait in a bounded
+//! lock-free queue ([`crossbeam_queue::ArrayQueue`]); only blocks beyond its capacity go to a
+//! locked overflow list (more idle blocks of one class at once than two chunks' worth). Idle
+//! blocks are reused first in, first out (a chunk's blocks in turn, not the last one freed). The
+//! pool's byte counts are atomics. A buffer's keys come with its chunk
+//! ([`MemPool::keys_of_buf`]); memory recognised by address ([`MemPool::keys_of`], for a
+//! `Bytes`) is looked up in a snapshot of the chunk map that is replaced ([`arc_swap`]) when a
+//! chunk comes or goes, which is when memory is registered or deregistered, never per call.
+//!
 //! # Soundness of recognising memory by address
 //!
 //! Pool memory is reachable only through a `Buf` (or the `Bytes` it froze into), which owns its
 //! block until dropped. So a `Bytes` whose bytes lie inside a live chunk of this pool keeps that
 //! block alive for as long as the caller holds it: a transport that keeps the `Bytes` until the
 //! operation completes (or the region is revoked) never lets the block be reused under it.
+//!
+//! A stale snapshot cannot mislead either: a chunk leaves the snapshot before its memory is
+//! freed (in `Chunk::drop`, which runs only when no buffer of it is left). Memory that the
+//! allocator later hands out at the same address was allocated after that free, so a caller
+//! holding it loads the snapshot after the new one was stored (arc-swap's store and load order
+//! like a release and an acquire) and sees the chunk gone.
+//!
+//! # Closing
+//!
+//! [`MemPool::close`] sets a flag, then empties the free lists. A buffer freed concurrently
+//! pushes its block, then reads the flag (a sequentially consistent fence on each side): if it
+//! sees the pool closed it empties its free list itself, so no block stays idle in a closed
+//! pool whichever comes first.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
+use crossbeam_queue::ArrayQueue;
 
 use crate::TransportError;
 
@@ -186,65 +214,161 @@ impl Block {
     }
 }
 
-struct State {
-    /// Idle blocks per size class.
-    free: Vec<Vec<Block>>,
-    /// Bytes of pooled chunks (in use or idle).
-    pooled_bytes: usize,
-    /// Bytes of idle blocks of large classes.
-    idle_large: usize,
-    /// The connection is gone: nothing more is kept for reuse.
-    closed: bool,
+/// The idle blocks of one size class: a bounded lock-free queue, and a locked overflow list for
+/// blocks beyond its capacity (reached only when more blocks of the class are idle at once).
+struct FreeList {
+    queue: ArrayQueue<Block>,
+    overflow: Mutex<Vec<Block>>,
+    /// Blocks in `overflow`, read without its lock (a stale zero only costs a new chunk,
+    /// bounded by `max_bytes` like any other).
+    overflowed: AtomicUsize,
+}
+
+impl FreeList {
+    fn new(capacity: usize) -> FreeList {
+        FreeList {
+            queue: ArrayQueue::new(capacity),
+            overflow: Mutex::new(Vec::new()),
+            overflowed: AtomicUsize::new(0),
+        }
+    }
+
+    fn pop(&self) -> Option<Block> {
+        if let Some(block) = self.queue.pop() {
+            return Some(block);
+        }
+        if self.overflowed.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut overflow = lock(&self.overflow);
+        let block = overflow.pop();
+        self.overflowed.store(overflow.len(), Ordering::Relaxed);
+        block
+    }
+
+    fn push(&self, block: Block) {
+        if let Err(block) = self.queue.push(block) {
+            let mut overflow = lock(&self.overflow);
+            overflow.push(block);
+            self.overflowed.store(overflow.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Takes every idle block (the caller drops them outside any lock: dropping a chunk's last
+    /// block updates the chunk map).
+    fn take_all(&self) -> Vec<Block> {
+        let mut taken = std::mem::take(&mut *lock(&self.overflow));
+        self.overflowed.store(0, Ordering::Relaxed);
+        while let Some(block) = self.queue.pop() {
+            taken.push(block);
+        }
+        taken
+    }
+}
+
+/// A live chunk, as the address map knows it.
+#[derive(Clone, Copy)]
+struct ChunkEntry {
+    start: usize,
+    len: usize,
+    keys: Keys,
 }
 
 struct Shared {
     registrar: Box<dyn Registrar>,
     limits: PoolLimits,
-    state: Mutex<State>,
-    /// Live chunks by start address, for [`MemPool::keys_of`].
-    chunks: Mutex<BTreeMap<usize, (usize, Keys)>>,
+    /// Idle blocks per size class, each list made on its class's first use.
+    free: Box<[OnceLock<Box<FreeList>>]>,
+    /// Bytes of pooled chunks (in use or idle), at most `limits.max_bytes`.
+    pooled_bytes: AtomicUsize,
+    /// Bytes of idle blocks of large classes, at most `limits.max_idle_bytes`.
+    idle_large: AtomicUsize,
+    /// The connection is gone: nothing more is kept for reuse.
+    closed: AtomicBool,
+    /// Live chunks sorted by start address; changed under this lock (when a chunk comes or
+    /// goes), then published to `snapshot`.
+    chunks: Mutex<Vec<ChunkEntry>>,
+    /// The latest `chunks`, read without a lock by [`MemPool::keys_of`].
+    snapshot: ArcSwap<Vec<ChunkEntry>>,
     counters: AtomicCounters,
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Shared {
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn free_list(&self, class: usize) -> &FreeList {
+        self.free[class].get_or_init(|| {
+            let size = class_size_of(class);
+            Box::new(FreeList::new((2 * (chunk_len(size) / size)).max(8)))
+        })
     }
 
-    fn chunks(&self) -> MutexGuard<'_, BTreeMap<usize, (usize, Keys)>> {
-        self.chunks.lock().unwrap_or_else(|e| e.into_inner())
+    /// Adds or removes a chunk of the address map and publishes the new map.
+    fn update_chunks(&self, f: impl FnOnce(&mut Vec<ChunkEntry>)) {
+        let mut chunks = lock(&self.chunks);
+        f(&mut chunks);
+        self.snapshot.store(Arc::new(chunks.clone()));
     }
 
     fn chunk_gone(&self, addr: usize, len: usize, registered: bool, pooled: bool) {
-        self.chunks().remove(&addr);
+        self.update_chunks(|chunks| {
+            if let Ok(i) = chunks.binary_search_by_key(&addr, |c| c.start) {
+                chunks.remove(i);
+            }
+        });
         if registered {
             self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
         }
         self.counters.registered_bytes.fetch_sub(len as u64, Ordering::Relaxed);
         if pooled {
-            let mut state = self.state();
-            state.pooled_bytes = state.pooled_bytes.saturating_sub(len);
+            self.pooled_bytes.fetch_sub(len, Ordering::Relaxed);
         }
     }
 
-    fn give_back(&self, block: Block) {
-        if !block.chunk.pooled {
-            return; // a one-off: released (deregistered) with its last block
-        }
-        let class = class_index(block.size);
-        let mut state = self.state();
-        if state.closed {
-            drop(state);
-            return; // released
-        }
+    /// An idle block of `class`, if any.
+    fn take_idle(&self, class: usize) -> Option<Block> {
+        let block = self.free_list(class).pop()?;
         if block.size >= CHUNK_BYTES {
-            if state.idle_large + block.size > self.limits.max_idle_bytes {
-                drop(state);
+            self.idle_large.fetch_sub(block.size, Ordering::Relaxed);
+        }
+        Some(block)
+    }
+
+    fn give_back(&self, block: Block) {
+        if !block.chunk.pooled || self.closed.load(Ordering::Relaxed) {
+            return; // a one-off, or a closed pool: released (deregistered) with its last block
+        }
+        let size = block.size;
+        if size >= CHUNK_BYTES {
+            let max = self.limits.max_idle_bytes;
+            let room = |idle: usize| (idle + size <= max).then_some(idle + size);
+            if self.idle_large.fetch_update(Ordering::Relaxed, Ordering::Relaxed, room).is_err() {
                 return; // released: the chunk deregisters when `block` drops
             }
-            state.idle_large += block.size;
         }
-        state.free[class].push(block);
+        let class = class_index(size);
+        self.free_list(class).push(block);
+        self.recheck_closed(class);
+    }
+
+    /// After pushing idle blocks of `class`: if the pool was closed meanwhile (its `close` may
+    /// have emptied the list before our push), empties the list now. See the module docs.
+    fn recheck_closed(&self, class: usize) {
+        fence(Ordering::SeqCst);
+        if self.closed.load(Ordering::Relaxed) {
+            self.drop_idle(class);
+        }
+    }
+
+    /// Releases every idle block of `class`.
+    fn drop_idle(&self, class: usize) {
+        let Some(list) = self.free[class].get() else { return };
+        let taken = list.take_all();
+        let large: usize = taken.iter().filter(|b| b.size >= CHUNK_BYTES).map(|b| b.size).sum();
+        self.idle_large.fetch_sub(large, Ordering::Relaxed);
+        drop(taken);
     }
 }
 
@@ -276,13 +400,12 @@ impl MemPool {
             shared: Arc::new(Shared {
                 registrar,
                 limits,
-                state: Mutex::new(State {
-                    free: (0..classes).map(|_| Vec::new()).collect(),
-                    pooled_bytes: 0,
-                    idle_large: 0,
-                    closed: false,
-                }),
-                chunks: Mutex::new(BTreeMap::new()),
+                free: (0..classes).map(|_| OnceLock::new()).collect(),
+                pooled_bytes: AtomicUsize::new(0),
+                idle_large: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+                chunks: Mutex::new(Vec::new()),
+                snapshot: ArcSwap::from_pointee(Vec::new()),
                 counters: AtomicCounters::default(),
             }),
         }
@@ -297,44 +420,35 @@ impl MemPool {
         if size > MAX_CLASS {
             return self.one_off(len);
         }
-        let class = class_index(size);
-        let mut state = shared.state();
-        if state.closed {
-            drop(state);
+        if shared.closed.load(Ordering::Relaxed) {
             return self.one_off(len);
         }
-        if let Some(block) = state.free[class].pop() {
-            if size >= CHUNK_BYTES {
-                state.idle_large -= size;
-            }
+        let class = class_index(size);
+        if let Some(block) = shared.take_idle(class) {
             return Ok(Buf::pooled(block, len));
         }
-        let chunk_len = if size >= CHUNK_BYTES {
-            size
-        } else {
-            (size * BLOCKS_PER_CHUNK).clamp(MIN_CHUNK, CHUNK_BYTES) / size * size
-        };
-        if state.pooled_bytes + chunk_len > shared.limits.max_bytes {
-            drop(state);
+        let chunk_len = chunk_len(size);
+        let max = shared.limits.max_bytes;
+        let room = |pooled: usize| (pooled + chunk_len <= max).then_some(pooled + chunk_len);
+        if shared.pooled_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, room).is_err() {
             return self.one_off(len);
         }
-        state.pooled_bytes += chunk_len;
-        drop(state);
         shared.counters.misses.fetch_add(1, Ordering::Relaxed);
         let chunk = match self.new_chunk(chunk_len, true) {
             Ok(c) => c,
             Err(e) => {
-                let mut state = shared.state();
-                state.pooled_bytes -= chunk_len;
+                shared.pooled_bytes.fetch_sub(chunk_len, Ordering::Relaxed);
                 return Err(e);
             }
         };
         let blocks = chunk_len / size;
-        let mut state = shared.state();
-        for i in 1..blocks {
-            state.free[class].push(Block { chunk: chunk.clone(), offset: i * size, size });
+        if blocks > 1 {
+            let list = shared.free_list(class);
+            for i in 1..blocks {
+                list.push(Block { chunk: chunk.clone(), offset: i * size, size });
+            }
+            shared.recheck_closed(class);
         }
-        drop(state);
         Ok(Buf::pooled(Block { chunk, offset: 0, size }, len))
     }
 
@@ -371,31 +485,47 @@ impl MemPool {
             shared.counters.registrations.fetch_add(1, Ordering::Relaxed);
         }
         shared.counters.registered_bytes.fetch_add(len as u64, Ordering::Relaxed);
-        shared.chunks().insert(mem.as_ptr() as usize, (len, reg.keys));
+        let entry = ChunkEntry { start: mem.as_ptr() as usize, len, keys: reg.keys };
+        shared.update_chunks(|chunks| {
+            let i = chunks.partition_point(|c| c.start < entry.start);
+            chunks.insert(i, entry);
+        });
         Ok(Arc::new(Chunk { reg, mem, len, pooled, shared: Arc::downgrade(shared) }))
     }
 
     /// The keys of `bytes` if they lie entirely inside one chunk of this pool (see the module
-    /// docs for why holding `bytes` then keeps that memory from being reused).
+    /// docs for why holding `bytes` then keeps that memory from being reused). Takes no lock.
     #[cfg_attr(not(any(test, feature = "rdma")), allow(dead_code))]
     pub(crate) fn keys_of(&self, bytes: &[u8]) -> Option<Keys> {
         let addr = bytes.as_ptr() as usize;
-        let chunks = self.shared.chunks();
-        let (&start, &(len, keys)) = chunks.range(..=addr).next_back()?;
-        (addr + bytes.len() <= start + len).then_some(keys)
+        let chunks = self.shared.snapshot.load();
+        let i = chunks.partition_point(|c| c.start <= addr).checked_sub(1)?;
+        let c = chunks[i];
+        (addr + bytes.len() <= c.start + c.len).then_some(c.keys)
+    }
+
+    /// The keys of `buf`'s memory if it came from this pool: read from its chunk, no lookup.
+    #[cfg_attr(not(any(test, feature = "rdma")), allow(dead_code))]
+    pub(crate) fn keys_of_buf(&self, buf: &Buf) -> Option<Keys> {
+        match &buf.storage {
+            Storage::Pooled(b) if std::ptr::eq(b.chunk.shared.as_ptr(), Arc::as_ptr(&self.shared)) => {
+                Some(b.chunk.reg.keys)
+            }
+            _ => None,
+        }
     }
 
     /// The connection is gone: releases every idle buffer now, and every buffer in use when it
     /// is dropped (its chunk is deregistered and freed with its last buffer). Allocation still
     /// works, as one-off buffers. Idempotent.
     pub fn close(&self) {
-        let idle = {
-            let mut state = self.shared.state();
-            state.closed = true;
-            state.idle_large = 0;
-            std::mem::take(&mut state.free)
-        };
-        drop(idle); // outside the lock: dropping chunks takes it
+        let shared = &self.shared;
+        shared.closed.store(true, Ordering::Relaxed);
+        // Pairs with the fence of a concurrent `give_back` (see the module docs).
+        fence(Ordering::SeqCst);
+        for class in 0..shared.free.len() {
+            shared.drop_idle(class);
+        }
     }
 
     /// Whether `bytes` lie in this pool's memory (a received message or READ that was handed
@@ -419,7 +549,7 @@ impl MemPool {
             misses: c.misses.load(Ordering::Relaxed),
             one_off: c.one_off.load(Ordering::Relaxed),
             registered_bytes: c.registered_bytes.load(Ordering::Relaxed),
-            pooled_bytes: self.shared.state().pooled_bytes as u64,
+            pooled_bytes: self.shared.pooled_bytes.load(Ordering::Relaxed) as u64,
         }
     }
 }
@@ -433,6 +563,21 @@ fn class_size(len: usize) -> usize {
     let k = usize::BITS - 1 - m.leading_zeros();
     let shift = k - 2;
     ((m >> shift) + 1) << shift
+}
+
+/// The size of class `index` (the inverse of [`class_index`]).
+fn class_size_of(index: usize) -> usize {
+    (4 + index % 4) << (index / 4 + 7)
+}
+
+/// The length of a chunk of buffers of class `size`: 32 buffers (64 KiB to 1 MiB) of a small
+/// class, one of a large one.
+fn chunk_len(size: usize) -> usize {
+    if size >= CHUNK_BYTES {
+        size
+    } else {
+        (size * BLOCKS_PER_CHUNK).clamp(MIN_CHUNK, CHUNK_BYTES) / size * size
+    }
 }
 
 /// The index of a class size (as returned by [`class_size`]).
@@ -637,8 +782,10 @@ mod tests {
         let c = pool.counters();
         assert_eq!((c.misses, c.registrations), (1, 0));
         drop(frozen);
-        let b = pool.alloc(2900).unwrap();
-        assert_eq!(b.as_ptr(), ptr, "the block was reused");
+        // The free list is first in, first out: the block comes back after the chunk's 31
+        // others.
+        let again: Vec<Buf> = (0..32).map(|_| pool.alloc(2900).unwrap()).collect();
+        assert!(again.iter().any(|b| b.as_ptr() == ptr), "the block was reused");
         assert_eq!(pool.counters().misses, 1);
     }
 
@@ -675,6 +822,189 @@ mod tests {
         assert_eq!(pool.counters().one_off, 1);
         drop(c);
         assert_eq!(pool.counters().registered_bytes, 0);
+    }
+
+    #[test]
+    fn class_indices_and_sizes_are_inverse() {
+        for index in 0..=class_index(MAX_CLASS) {
+            let size = class_size_of(index);
+            assert_eq!(class_size(size), size, "{index}");
+            assert_eq!(class_index(size), index);
+        }
+        assert_eq!(class_size_of(class_index(MAX_CLASS)), MAX_CLASS);
+    }
+
+    #[test]
+    fn a_buffer_carries_its_chunks_keys() {
+        let pool = MemPool::heap(PoolLimits::default());
+        let other = MemPool::heap(PoolLimits::default());
+        let a = pool.alloc(100).unwrap();
+        let big = pool.alloc(2 << 20).unwrap();
+        assert_eq!(pool.keys_of_buf(&a), Some(Keys { lkey: 0, rkey: 0 }));
+        assert!(pool.keys_of_buf(&big).is_some());
+        assert_eq!(other.keys_of_buf(&a), None, "another pool's buffer");
+        assert_eq!(pool.keys_of_buf(&Buf::zeroed(100)), None, "heap memory");
+        // By address: inside its chunk, not straddling past its end.
+        assert!(pool.keys_of(&big[..]).is_some());
+        let chunks = pool.shared.snapshot.load().len();
+        assert_eq!(chunks, 2);
+        drop(big); // idle (within max_idle_bytes): its chunk stays
+        assert_eq!(pool.shared.snapshot.load().len(), 2);
+        pool.close();
+        assert_eq!(pool.shared.snapshot.load().len(), 1, "released chunks leave the map");
+        drop(a);
+        assert!(pool.shared.snapshot.load().is_empty());
+    }
+
+    #[test]
+    fn idle_blocks_beyond_a_free_lists_capacity_are_reused_too() {
+        let pool = MemPool::heap(PoolLimits::default());
+        // 512-byte class: 128 blocks per chunk, a queue of 256; 600 idle at once overflow it.
+        let bufs: Vec<Buf> = (0..600).map(|_| pool.alloc(100).unwrap()).collect();
+        let misses = pool.counters().misses;
+        assert_eq!(misses, 5, "600 blocks in chunks of 128");
+        drop(bufs);
+        assert!(pool.shared.free_list(0).overflowed.load(Ordering::Relaxed) > 0);
+        let bufs: Vec<Buf> = (0..600).map(|_| pool.alloc(100).unwrap()).collect();
+        assert_eq!(pool.counters().misses, misses, "every block came from the free list");
+        let mut addrs: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        assert_eq!(addrs.len(), 600, "no block handed out twice");
+        drop(bufs);
+        pool.close();
+        assert_eq!(pool.counters().registered_bytes, 0);
+    }
+
+    /// Writes `tag` into the first and last 16 bytes (enough to see a block handed out twice,
+    /// cheap enough for 1 MiB buffers in a debug build).
+    fn mark(buf: &mut [u8], tag: u8) {
+        let n = buf.len().min(16);
+        let len = buf.len();
+        buf[..n].fill(tag);
+        buf[len - n..].fill(tag);
+    }
+
+    fn marked(buf: &[u8], tag: u8) -> bool {
+        let n = buf.len().min(16);
+        buf[..n].iter().chain(&buf[buf.len() - n..]).all(|&b| b == tag)
+    }
+
+    /// Threads allocating and freeing at once (some buffers frozen and freed on another thread)
+    /// never share a block, and every block comes back: a bounded number of rounds.
+    #[test]
+    fn concurrent_alloc_and_free_from_several_threads() {
+        const THREADS: usize = 4;
+        const ROUNDS: usize = 2000;
+        let pool = MemPool::heap(PoolLimits { max_bytes: 64 << 20, max_idle_bytes: 8 << 20 });
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(Bytes, u8)>(64);
+        let freer = std::thread::spawn(move || {
+            let mut freed = 0usize;
+            while let Ok((bytes, tag)) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+                assert!(marked(&bytes, tag), "a frozen buffer changed under its owner");
+                freed += 1;
+            }
+            freed
+        });
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let pool = pool.clone();
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let mut held: Vec<(Buf, u8)> = Vec::new();
+                    let mut sent = 0;
+                    for i in 0..ROUNDS {
+                        let len = [32, 700, 5000, 40_000, 1 << 20][(i + t) % 5];
+                        let tag = (t * 31 + i) as u8;
+                        let mut buf = pool.alloc(len).unwrap();
+                        mark(&mut buf, tag);
+                        held.push((buf, tag));
+                        if held.len() > 8 {
+                            let (buf, tag) = held.swap_remove(i % held.len());
+                            assert!(marked(&buf, tag), "a block was handed out twice");
+                            if i % 3 == 0 {
+                                tx.send((buf.freeze(), tag)).unwrap();
+                                sent += 1;
+                            }
+                        }
+                    }
+                    for (buf, tag) in held {
+                        assert!(marked(&buf, tag), "a block was handed out twice");
+                    }
+                    sent
+                })
+            })
+            .collect();
+        drop(tx);
+        let sent: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(freer.join().unwrap(), sent);
+        let c = pool.counters();
+        assert_eq!(c.allocs, (THREADS * ROUNDS) as u64);
+        assert_eq!(c.one_off, 0, "within max_bytes");
+        assert_eq!(c.pooled_bytes, c.registered_bytes, "nothing but pooled chunks");
+        assert!(pool.shared.idle_large.load(Ordering::Relaxed) <= 8 << 20);
+        pool.close();
+        let c = pool.counters();
+        assert_eq!((c.registered_bytes, c.pooled_bytes), (0, 0), "every block came back");
+        assert_eq!(pool.shared.idle_large.load(Ordering::Relaxed), 0);
+    }
+
+    /// Buffers freed on other threads while the pool closes: none stays idle in it.
+    #[test]
+    fn a_pool_closed_while_buffers_are_freed_keeps_nothing() {
+        for round in 0..20 {
+            let pool = MemPool::heap(PoolLimits::default());
+            let bufs: Vec<Vec<Buf>> = (0..3)
+                .map(|_| {
+                    (0..200)
+                        .map(|i| pool.alloc(if i % 20 == 0 { 2 << 20 } else { [100, 3000][i % 2] }).unwrap())
+                        .collect()
+                })
+                .collect();
+            let start = Arc::new(std::sync::Barrier::new(4));
+            let freers: Vec<_> = bufs
+                .into_iter()
+                .map(|mine| {
+                    let start = start.clone();
+                    std::thread::spawn(move || {
+                        start.wait();
+                        for b in mine {
+                            drop(b);
+                        }
+                    })
+                })
+                .collect();
+            // Closes at a different point of the frees each round.
+            start.wait();
+            for _ in 0..round * 500 {
+                std::hint::spin_loop();
+            }
+            pool.close();
+            for f in freers {
+                f.join().unwrap();
+            }
+            let c = pool.counters();
+            assert_eq!((c.registered_bytes, c.pooled_bytes), (0, 0), "round {round}: {c:?}");
+            assert!(pool.shared.snapshot.load().is_empty());
+        }
+    }
+
+    /// The interleaving the smoke test above can rarely hit, step by step: a free that checked
+    /// the flag before `close` and pushed its block after `close` emptied the list.
+    #[test]
+    fn a_block_pushed_after_close_is_released_by_the_recheck() {
+        let pool = MemPool::heap(PoolLimits::default());
+        let mut buf = pool.alloc(100).unwrap();
+        let Storage::Pooled(block) = std::mem::replace(&mut buf.storage, Storage::Heap(Vec::new())) else {
+            unreachable!("a pool buffer")
+        };
+        let class = class_index(block.size);
+        pool.close();
+        assert!(pool.counters().registered_bytes > 0, "the block keeps its chunk");
+        pool.shared.free_list(class).push(block); // the late push
+        pool.shared.recheck_closed(class);
+        assert_eq!(pool.counters().registered_bytes, 0, "released, not kept idle");
+        assert!(pool.shared.snapshot.load().is_empty());
     }
 
     #[test]

@@ -139,6 +139,15 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// The verbs backend's settings for `rdma://` addresses (see [`ClientConfig::rdma`]).
     pub rdma: rpc_transport::RdmaSettings,
+    /// Run each handler's first poll in the connection's driver. Default `true`. A handler that
+    /// finishes without waiting (most small ones) is then answered at once: no task spawned, no
+    /// channel, no extra wake-up; one that waits is moved to a task of its own and carries on
+    /// there. The trade-off: a handler that computes for long before its first `.await`
+    /// delays the other calls of its connection (their frames, their handlers) by that long;
+    /// turn this off for such services (or have them `spawn_blocking` the work). Either way a
+    /// handler holds its slot of [`ServerConfig::max_concurrent_handlers`] while it runs, and a
+    /// panic is answered as a `Handler` error.
+    pub inline_handlers: bool,
 }
 
 impl Default for ServerConfig {
@@ -154,6 +163,7 @@ impl Default for ServerConfig {
             max_pending_handshakes: 64,
             shutdown_timeout: Duration::from_secs(30),
             rdma: rpc_transport::RdmaSettings::default(),
+            inline_handlers: true,
         }
     }
 }
@@ -207,6 +217,11 @@ impl ServerConfig {
     /// Sets [`ServerConfig::rdma`].
     pub fn rdma(mut self, settings: rpc_transport::RdmaSettings) -> Self {
         self.rdma = settings;
+        self
+    }
+    /// Sets [`ServerConfig::inline_handlers`].
+    pub fn inline_handlers(mut self, inline: bool) -> Self {
+        self.inline_handlers = inline;
         self
     }
 }

@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use rpc_transport::{Address, Connection, Listener};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
@@ -275,6 +276,9 @@ impl Acceptor {
             handler_slots: self.handler_slots.clone(),
             slot_wait: None,
             max_handlers: self.config.max_handlers_per_connection,
+            inline: self.config.inline_handlers,
+            handlers_inline: 0,
+            handlers_spawned: 0,
             waiting: VecDeque::new(),
             resources: self.resources.clone(),
             _open: OpenConnection::new(self.resources.clone()),
@@ -293,6 +297,8 @@ impl Acceptor {
 }
 
 type HandlerResult = (u64, Result<Bytes, WireError>);
+/// A handler with its context, pool and panic catching, answering with what goes on the wire.
+type HandlerFuture = BoxFuture<'static, Result<Bytes, WireError>>;
 type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
 /// The response size expected of each of the service's methods on one connection: the largest
@@ -376,6 +382,12 @@ struct ServerDriver {
     slot_wait: Option<SlotFuture>,
     /// This connection's share of the handler slots.
     max_handlers: usize,
+    /// Poll each handler once here before spawning it ([`ServerConfig::inline_handlers`]).
+    inline: bool,
+    /// Handlers answered in their first poll here, and handlers spawned (published in
+    /// [`ProtoStats`](crate::proto::ProtoStats)).
+    handlers_inline: u64,
+    handlers_spawned: u64,
     /// Requests waiting for a slot or for rendezvous budget, in arrival order (bounded by the
     /// protocol's calls in flight).
     waiting: VecDeque<Waiting>,
@@ -405,10 +417,12 @@ fn shutdown_signal(mut rx: watch::Receiver<bool>) -> Pin<Box<dyn Future<Output =
 
 impl ServerDriver {
     /// Starts waiting handlers while this connection's share, the server's slots and the
-    /// rendezvous budgets allow. A slot is taken before the task is spawned. Returns whether
-    /// any started.
+    /// rendezvous budgets allow. A slot is taken before the handler is first polled. Returns
+    /// whether any started.
     fn start_handlers(&mut self, cx: &mut Context<'_>) -> bool {
         let mut started = false;
+        // The clock is read at most once per batch of handlers answered inline.
+        let mut now = None;
         while !self.waiting.is_empty() && self.handlers.len() < self.max_handlers {
             // The connection's budget is released by the client's done reports (frames, which
             // wake this driver) and by finishing handlers.
@@ -420,7 +434,7 @@ impl ServerDriver {
             let Some(permit) = self.take_slot(cx) else { break };
             let Some(req) = self.waiting.pop_front() else { break };
             self.resources.requests_waiting.fetch_sub(1, Ordering::Relaxed);
-            self.spawn_handler(req, permit);
+            self.start_handler(req, permit, &mut now);
             started = true;
         }
         if self.waiting.is_empty() {
@@ -452,7 +466,14 @@ impl ServerDriver {
         }
     }
 
-    fn spawn_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
+    /// Starts one handler: polled once here when inline handlers are on (answered at once if
+    /// it finishes), else (or if it waits) spawned as a task that sends its result back.
+    fn start_handler(
+        &mut self,
+        req: Waiting,
+        permit: OwnedSemaphorePermit,
+        now: &mut Option<tokio::time::Instant>,
+    ) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
         let name = self.names.get(method);
         let span = tracing::debug_span!(
@@ -481,24 +502,71 @@ impl ServerDriver {
         let deadline = timeout.and_then(|t| arrived.checked_add(t));
         let ctx =
             context::Context::new(call.name.name, method, call_id, self.peer.clone(), deadline, metadata);
-        // The response is encoded into the connection's registered memory (see `codec::encode`).
-        let fut =
-            crate::codec::with_pool(self.conn.pool().clone(), ctx.scope(self.service.call(method, payload)));
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
+        let mut fut = call.span.in_scope(|| self.handler_future(method, payload, ctx));
+        if self.inline {
+            // The first poll, here, under the call's span (the context and pool are set by the
+            // future itself). A waker that does nothing: if the handler waits, the task it moves
+            // to polls it again at once and registers its own waker.
+            let mut noop = Context::from_waker(futures::task::noop_waker_ref());
+            if let Poll::Ready(result) = call.span.in_scope(|| fut.as_mut().poll(&mut noop)) {
+                drop(slot);
+                self.handlers_inline += 1;
+                let now = *now.get_or_insert_with(tokio::time::Instant::now);
+                self.finish(call_id, &call, result, now);
+                return;
+            }
+        }
+        self.handlers_spawned += 1;
         let results = self.results_tx.clone();
         let task = async move {
             let _slot = slot;
-            let outcome = AssertUnwindSafe(fut).catch_unwind().await;
-            let result = match outcome {
-                Ok(Ok(bytes)) => Ok(bytes),
-                Ok(Err(e)) => Err(e.to_wire()),
-                Err(_) => Err(WireError::new(WireErrorCode::Handler, "handler panicked")),
-            };
+            let result = fut.await;
             let _ = results.send((call_id, result));
         };
         let handle = tokio::spawn(task.instrument(call.span.clone()));
         self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call });
+    }
+
+    /// The service's handler for one call, run with the call's context and the connection's
+    /// pool, its panics answered as a `Handler` error (whether it runs here or in a task).
+    fn handler_future(&self, method: MethodId, payload: Bytes, ctx: context::Context) -> HandlerFuture {
+        let panicked = || WireError::new(WireErrorCode::Handler, "handler panicked");
+        // Building the future runs the service's code too (decoding the arguments).
+        let call = std::panic::catch_unwind(AssertUnwindSafe(|| self.service.call(method, payload)));
+        let Ok(call) = call else {
+            return Box::pin(std::future::ready(Err(panicked())));
+        };
+        // The response is encoded into the connection's registered memory (see `codec::encode`).
+        let fut = crate::codec::with_pool(self.conn.pool().clone(), ctx.scope(call));
+        Box::pin(async move {
+            match AssertUnwindSafe(fut).catch_unwind().await {
+                Ok(Ok(bytes)) => Ok(bytes),
+                Ok(Err(e)) => Err(e.to_wire()),
+                Err(_) => Err(panicked()),
+            }
+        })
+    }
+
+    /// Answers a call whose handler finished, and reports its end.
+    fn finish(
+        &mut self,
+        call_id: u64,
+        call: &CallReport,
+        result: Result<Bytes, WireError>,
+        now: tokio::time::Instant,
+    ) {
+        match &result {
+            Ok(bytes) => {
+                self.estimates.observe(call.method, bytes.len() as u64);
+                let path =
+                    if bytes.len() <= self.proto.eager_limit() { Path::Eager } else { Path::Rendezvous };
+                call.done(now, Some((bytes.len(), path)), ServerOutcome::Ok);
+            }
+            Err(e) => call.done(now, None, ServerOutcome::Failed(e.code)),
+        }
+        self.proto.respond(call_id, result);
     }
 
     fn run_events(&mut self) {
@@ -546,19 +614,7 @@ impl ServerDriver {
             let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
             if let Some(running) = self.handlers.remove(&call_id) {
-                match &result {
-                    Ok(bytes) => {
-                        self.estimates.observe(running.call.method, bytes.len() as u64);
-                        let path = if bytes.len() <= self.proto.eager_limit() {
-                            Path::Eager
-                        } else {
-                            Path::Rendezvous
-                        };
-                        running.call.done(now(), Some((bytes.len(), path)), ServerOutcome::Ok);
-                    }
-                    Err(e) => running.call.done(now(), None, ServerOutcome::Failed(e.code)),
-                }
-                self.proto.respond(call_id, result);
+                self.finish(call_id, &running.call, result, now());
             }
         }
         progressed
@@ -591,8 +647,11 @@ impl ServerDriver {
     }
 
     fn publish_stats(&self) {
+        let mut proto = self.proto.stats();
+        proto.handlers_inline = self.handlers_inline;
+        proto.handlers_spawned = self.handlers_spawned;
         let stats = ConnStats {
-            proto: self.proto.stats(),
+            proto,
             transport: self.conn.counters(),
             calls_in_flight: self.proto.calls_in_flight(),
         };

@@ -224,7 +224,7 @@ impl ReadDest {
         if dst.is_empty() {
             return Ok((ReadDest { mr: None, lkey: 0, dst }, false));
         }
-        if let Some(keys) = pool.keys_of(&dst) {
+        if let Some(keys) = pool.keys_of_buf(&dst) {
             return Ok((ReadDest { mr: None, lkey: keys.lkey, dst }, false));
         }
         let (ptr, len) = (dst.as_mut_ptr() as usize, dst.len());

@@ -52,8 +52,8 @@ impl RdmaConnection {
     /// waits until a receive completes.
     pub(super) fn post_user_recv(&mut self, mut buf: RecvBuffer) {
         let usable = {
-            let storage = buf.buf_mut().storage_mut();
-            storage.len() >= self.recv_size && self.pool.keys_of(&storage[..self.recv_size]).is_some()
+            let b = buf.buf_mut();
+            b.capacity() >= self.recv_size && self.pool.keys_of_buf(b).is_some()
         };
         if !usable {
             let limit = buf.capacity().min(self.recv_size);
@@ -92,12 +92,13 @@ impl RdmaConnection {
     fn post_recv_buf(&mut self, mut buf: RecvBuffer, hello: bool) -> Result<(), TransportError> {
         let len = if hello { HELLO_MAX } else { self.recv_size };
         let (lkey, addr) = {
-            let storage = &mut buf.buf_mut().storage_mut()[..len];
+            let b = buf.buf_mut();
             let keys = self
                 .pool
-                .keys_of(storage)
+                .keys_of_buf(b)
+                .filter(|_| b.capacity() >= len)
                 .ok_or_else(|| verbs("post_recv", "receive buffer outside the connection's pool"))?;
-            (keys.lkey, storage.as_mut_ptr() as u64)
+            (keys.lkey, b.storage_mut().as_mut_ptr() as u64)
         };
         if self.qp.is_none() {
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
