@@ -1,14 +1,27 @@
 //! The payload codec: serde + bincode 2 (standard configuration: little endian, varint).
 
 use bytes::Bytes;
-use rpc_transport::MemPool;
+use rpc_transport::{Detail, MemPool};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Encoding or decoding failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct CodecError(pub String);
+/// Encoding or decoding failed. When bincode failed, [`source()`](std::error::Error::source)
+/// is its error (`bincode::error::DecodeError` or `EncodeError`), and the message is its
+/// message. Cheap to clone; equality compares messages (see [`Detail`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodecError(pub Detail);
+
+impl std::fmt::Display for CodecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for CodecError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.cause().map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
 
 fn config() -> bincode::config::Configuration {
     bincode::config::standard()
@@ -68,13 +81,13 @@ fn encoded_size<T: Serialize + ?Sized>(value: &T) -> Result<usize, CodecError> {
 fn write_into<T: Serialize + ?Sized>(value: &T, out: &mut [u8]) -> Result<(), CodecError> {
     let written = bincode::serde::encode_into_slice(value, out, config()).map_err(encode_err)?;
     if written != out.len() {
-        return Err(CodecError(format!("encoded {written} bytes, measured {}", out.len())));
+        return Err(CodecError(format!("encoded {written} bytes, measured {}", out.len()).into()));
     }
     Ok(())
 }
 
 fn encode_err(e: bincode::error::EncodeError) -> CodecError {
-    CodecError(e.to_string())
+    CodecError(Detail::from_error(e))
 }
 
 struct CountingWriter(usize);
@@ -91,9 +104,9 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     // The borrowing decoder reads byte strings in place (the owned one first copies them into
     // a `Vec`); a `T: DeserializeOwned` still owns everything it decodes.
     let (value, used) = bincode::serde::borrow_decode_from_slice::<T, _>(bytes, config())
-        .map_err(|e| CodecError(e.to_string()))?;
+        .map_err(|e| CodecError(Detail::from_error(e)))?;
     if used != bytes.len() {
-        return Err(CodecError(format!("{} trailing bytes after the value", bytes.len() - used)));
+        return Err(CodecError(format!("{} trailing bytes after the value", bytes.len() - used).into()));
     }
     Ok(value)
 }

@@ -9,7 +9,7 @@ use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::{CallError, ServiceError};
+use crate::error::{CallError, Detail, ServiceError};
 use crate::proto::MethodId;
 use crate::runtime::observe::{ClientMethod, MethodName};
 use crate::runtime::{CallOptions, Client};
@@ -84,13 +84,13 @@ where
 {
     let started = tokio::time::Instant::now();
     let payload = crate::codec::encode_in(&client.pool(), args)
-        .map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
+        .map_err(|e| CallError::Codec(Detail::caused_by("encoding arguments", e)))?;
     let (response, _) = client
         .call_since(started, method, MethodName::Stub(name), payload, opts)
         .await
         .map_err(|e| explain(e, name))?;
     crate::codec::decode_shared(&response)
-        .map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
+        .map_err(|e| CallError::Codec(Detail::caused_by("decoding the response", e)))
 }
 
 /// An `UnknownMethod` answer names the method and the likely cause.
@@ -121,12 +121,15 @@ where
     // payload: no copy.
     let args: Args = match crate::codec::decode_shared(&payload) {
         Ok(a) => a,
-        Err(e) => return futures::future::ready(Err(ServiceError::BadRequest(e.to_string()))).boxed(),
+        Err(e) => {
+            return futures::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))).boxed()
+        }
     };
     drop(payload);
     async move {
         let resp = f(args).await;
-        crate::codec::encode(&resp).map_err(|e| ServiceError::Handler(format!("encoding the response: {e}")))
+        crate::codec::encode(&resp)
+            .map_err(|e| ServiceError::Handler(Detail::caused_by("encoding the response", e)))
     }
     .boxed()
 }

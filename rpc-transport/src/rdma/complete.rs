@@ -99,7 +99,7 @@ impl RdmaConnection {
 
     fn send_error(&self, status: u32) -> TransportError {
         if status == st::IBV_WC_WR_FLUSH_ERR {
-            TransportError::Disconnected(self.failed.clone().unwrap_or_else(|| "flushed".into()))
+            TransportError::Disconnected(self.failed.clone().unwrap_or_else(|| "flushed".into()).into())
         } else {
             TransportError::Verbs { call: "ibv_post_send (completion)", detail: status_text(status).into() }
         }
@@ -194,7 +194,7 @@ impl RdmaConnection {
         self.disconnect_cm();
         self.recv_backlog.clear();
         for (wr_id, _) in std::mem::take(&mut self.send_backlog) {
-            let result = Err(TransportError::Disconnected(reason.clone()));
+            let result = Err(TransportError::Disconnected(reason.as_str().into()));
             self.ready.push_back(Completion::Send { wr_id, result });
         }
         for chunk in std::mem::take(&mut self.read_backlog) {
@@ -227,7 +227,7 @@ impl RdmaConnection {
                         let reason = self.failed.clone().unwrap_or_default();
                         self.ready.push_back(Completion::Send {
                             wr_id,
-                            result: Err(TransportError::Disconnected(reason)),
+                            result: Err(TransportError::Disconnected(reason.into())),
                         });
                     }
                 }

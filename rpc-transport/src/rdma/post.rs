@@ -360,6 +360,6 @@ trait CloneForCompletion {
 
 impl CloneForCompletion for TransportError {
     fn clone_for_completion(&self) -> TransportError {
-        TransportError::Disconnected(self.to_string())
+        TransportError::Disconnected(self.to_string().into())
     }
 }
