@@ -119,17 +119,23 @@ where
 {
     // `Bytes` arguments (decoded as `SharedBytes` by the generated code) are slices of the
     // payload: no copy.
-    let args: Args = match crate::codec::decode_shared(&payload) {
+    let (args, sliced): (Args, bool) = match crate::codec::decode_sharing(&payload) {
         Ok(a) => a,
         Err(e) => {
             return futures::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))).boxed()
         }
     };
-    drop(payload);
+    // Arguments that hold slices of the payload keep it alive anyway: the payload is kept too
+    // (until the handler returns), so that a response made of an argument as it came (an echo)
+    // is that slice of the payload, not a copy. Otherwise the payload goes now.
+    let source = sliced.then_some(payload);
     async move {
         let resp = f(args).await;
-        crate::codec::encode(&resp)
-            .map_err(|e| ServiceError::Handler(Detail::caused_by("encoding the response", e)))
+        let encoded = match &source {
+            Some(source) => crate::codec::encode_reusing(&resp, source),
+            None => crate::codec::encode(&resp),
+        };
+        encoded.map_err(|e| ServiceError::Handler(Detail::caused_by("encoding the response", e)))
     }
     .boxed()
 }
