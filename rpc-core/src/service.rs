@@ -147,3 +147,28 @@ pub fn unknown_method(
 ) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
     futures::future::ready(Err(ServiceError::UnknownMethod { service, method })).boxed()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{encode, SharedBytes};
+
+    fn run<T>(f: BoxFuture<'static, T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+    }
+
+    #[test]
+    fn an_echo_answers_with_its_request_payload_and_other_handlers_encode() {
+        let payload = encode(&(Bytes::from(vec![7u8; 20_000]),)).unwrap();
+        let echoed = run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0 })).unwrap();
+        assert_eq!(echoed, payload);
+        assert_eq!(echoed.as_ptr(), payload.as_ptr(), "the request payload itself, not a copy");
+        // A handler that answers something else gets its own encoding.
+        let half =
+            run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0.slice(..10_000) })).unwrap();
+        assert_eq!(half, encode(&Bytes::from(vec![7u8; 10_000])).unwrap());
+        let len =
+            run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0.len() as u64 })).unwrap();
+        assert_eq!(len, encode(&20_000u64).unwrap());
+    }
+}
