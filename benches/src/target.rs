@@ -4,6 +4,7 @@
 use std::future::Future;
 
 use bytes::Bytes;
+use rpc_core::codec::SharedBytes;
 use rpc_core::{CallInfo, CallOptions, Client, ClientConfig, MethodId, ProtoConfig, ServerConfig};
 use serde::Serialize;
 
@@ -137,8 +138,10 @@ fn encode<T: Serialize>(v: &T) -> Result<Bytes, BenchError> {
     rpc_core::codec::encode(v).map_err(|e| BenchError::Usage(format!("encoding a request: {e}")))
 }
 
-fn decode<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, BenchError> {
-    rpc_core::codec::decode(b).map_err(|e| BenchError::Call(format!("decoding the response: {e}")))
+/// Decodes a response as a generated stub does: a `Bytes` result as `SharedBytes`, a slice of the
+/// response (no copy).
+fn decode<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, BenchError> {
+    rpc_core::codec::decode_shared(b).map_err(|e| BenchError::Call(format!("decoding the response: {e}")))
 }
 
 /// Checks an answer against what the workload expects.
@@ -193,7 +196,7 @@ impl Target for RpcTarget {
             .await
             .map_err(|e| BenchError::Call(e.to_string()))?;
         match p.expect {
-            Expect::Bytes(_) => check(p.expect, Some(decode::<Bytes>(&resp)?.len()), None)?,
+            Expect::Bytes(_) => check(p.expect, Some(decode::<SharedBytes>(&resp)?.0.len()), None)?,
             Expect::Len(_) => check(p.expect, None, Some(decode::<u64>(&resp)?))?,
         }
         Ok(info)

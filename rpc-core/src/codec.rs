@@ -1,14 +1,27 @@
 //! The payload codec: serde + bincode 2 (standard configuration: little endian, varint).
 
 use bytes::Bytes;
-use rpc_transport::MemPool;
+use rpc_transport::{Detail, MemPool};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Encoding or decoding failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct CodecError(pub String);
+/// Encoding or decoding failed. When bincode failed, [`source()`](std::error::Error::source)
+/// is its error (`bincode::error::DecodeError` or `EncodeError`), and the message is its
+/// message. Cheap to clone; equality compares messages (see [`Detail`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodecError(pub Detail);
+
+impl std::fmt::Display for CodecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for CodecError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.cause().map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
 
 fn config() -> bincode::config::Configuration {
     bincode::config::standard()
@@ -54,9 +67,92 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
 /// READ by the peer.
 pub fn encode_in<T: Serialize + ?Sized>(pool: &MemPool, value: &T) -> Result<Bytes, CodecError> {
     let size = encoded_size(value)?;
+    encode_sized_in(pool, value, size)
+}
+
+fn encode_sized_in<T: Serialize + ?Sized>(
+    pool: &MemPool,
+    value: &T,
+    size: usize,
+) -> Result<Bytes, CodecError> {
     let mut buf = pool.alloc_or_heap(size);
     write_into(value, &mut buf)?;
     Ok(buf.freeze())
+}
+
+/// Like [`encode`], but when the whole encoding of `value` already lies in `source` (a payload
+/// decoded with [`decode_shared`]: a handler returning a `Bytes` argument as it came, with the
+/// same length prefix in front), it is that slice of `source`: nothing is written. `source` is
+/// immutable (`Bytes`) and the slice keeps it alive, so it is sent or advertised as it lies (in
+/// the connection's pool when `source` is a received payload).
+pub(crate) fn encode_reusing<T: Serialize + ?Sized>(value: &T, source: &Bytes) -> Result<Bytes, CodecError> {
+    let mut probe = Probe { source, size: 0, head: [0; PROBE_HEAD], head_len: 0, span: None, fits: true };
+    bincode::serde::encode_into_writer(value, &mut probe, config()).map_err(encode_err)?;
+    if let Some((start, end)) = probe.span.filter(|&(start, end)| probe.fits && end - start == probe.size) {
+        return Ok(source.slice(start..end));
+    }
+    match POOL.try_with(MemPool::clone) {
+        Ok(pool) => encode_sized_in(&pool, value, probe.size),
+        Err(_) => encode(value),
+    }
+}
+
+/// Bytes an encoding may write before its first write that lies in the source (a length
+/// prefix, a tag) and still be matched against the source.
+const PROBE_HEAD: usize = 16;
+
+/// Measures an encoding and checks whether it is one contiguous range of `source`: writes of
+/// memory inside `source` must follow each other there; other writes (short ones) must equal the
+/// source's bytes where they fall.
+struct Probe<'a> {
+    source: &'a Bytes,
+    size: usize,
+    /// Short writes before the first write inside the source.
+    head: [u8; PROBE_HEAD],
+    head_len: usize,
+    /// The range of the source matched so far (start, end).
+    span: Option<(usize, usize)>,
+    /// Still one range of the source.
+    fits: bool,
+}
+
+impl Probe<'_> {
+    fn check(&mut self, bytes: &[u8]) {
+        let src: &[u8] = self.source;
+        let inside = within(src, bytes).then(|| bytes.as_ptr() as usize - src.as_ptr() as usize);
+        match (self.span, inside) {
+            (None, Some(at)) => {
+                // The first write inside: the short writes before it must be the bytes in front.
+                let head = &self.head[..self.head_len];
+                if at >= head.len() && &src[at - head.len()..at] == head {
+                    self.span = Some((at - head.len(), at + bytes.len()));
+                } else {
+                    self.fits = false;
+                }
+            }
+            (None, None) if self.head_len + bytes.len() <= PROBE_HEAD => {
+                self.head[self.head_len..self.head_len + bytes.len()].copy_from_slice(bytes);
+                self.head_len += bytes.len();
+            }
+            (Some((start, end)), Some(at)) if at == end => self.span = Some((start, end + bytes.len())),
+            (Some((start, end)), None)
+                if bytes.len() <= PROBE_HEAD && src.get(end..end + bytes.len()) == Some(bytes) =>
+            {
+                self.span = Some((start, end + bytes.len()));
+            }
+            _ => self.fits = false,
+        }
+    }
+}
+
+impl bincode::enc::write::Writer for Probe<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.size += bytes.len();
+        if self.fits && !bytes.is_empty() {
+            self.check(bytes);
+        }
+        Ok(())
+    }
 }
 
 fn encoded_size<T: Serialize + ?Sized>(value: &T) -> Result<usize, CodecError> {
@@ -68,13 +164,13 @@ fn encoded_size<T: Serialize + ?Sized>(value: &T) -> Result<usize, CodecError> {
 fn write_into<T: Serialize + ?Sized>(value: &T, out: &mut [u8]) -> Result<(), CodecError> {
     let written = bincode::serde::encode_into_slice(value, out, config()).map_err(encode_err)?;
     if written != out.len() {
-        return Err(CodecError(format!("encoded {written} bytes, measured {}", out.len())));
+        return Err(CodecError(format!("encoded {written} bytes, measured {}", out.len()).into()));
     }
     Ok(())
 }
 
 fn encode_err(e: bincode::error::EncodeError) -> CodecError {
-    CodecError(e.to_string())
+    CodecError(Detail::from_error(e))
 }
 
 struct CountingWriter(usize);
@@ -91,9 +187,9 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     // The borrowing decoder reads byte strings in place (the owned one first copies them into
     // a `Vec`); a `T: DeserializeOwned` still owns everything it decodes.
     let (value, used) = bincode::serde::borrow_decode_from_slice::<T, _>(bytes, config())
-        .map_err(|e| CodecError(e.to_string()))?;
+        .map_err(|e| CodecError(Detail::from_error(e)))?;
     if used != bytes.len() {
-        return Err(CodecError(format!("{} trailing bytes after the value", bytes.len() - used)));
+        return Err(CodecError(format!("{} trailing bytes after the value", bytes.len() - used).into()));
     }
     Ok(value)
 }
@@ -101,6 +197,8 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 std::thread_local! {
     /// The payload [`decode_shared`] is decoding, which [`SharedBytes`] values slice.
     static SOURCE: std::cell::RefCell<Option<Bytes>> = const { std::cell::RefCell::new(None) };
+    /// Slices [`share`] has taken on this thread (wrapping).
+    static SLICES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Decodes a value from a received payload; every [`SharedBytes`] in it is a slice of `bytes`
@@ -108,10 +206,16 @@ std::thread_local! {
 /// returns to the connection's pool when the last slice drops). Generated stubs decode `Bytes`
 /// arguments and results this way.
 pub fn decode_shared<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, CodecError> {
+    decode_sharing(bytes).map(|(value, _)| value)
+}
+
+/// [`decode_shared`], and whether the value holds a slice of `bytes`.
+pub(crate) fn decode_sharing<T: DeserializeOwned>(bytes: &Bytes) -> Result<(T, bool), CodecError> {
     let previous = SOURCE.with(|s| s.replace(Some(bytes.clone())));
+    let before = SLICES.get();
     let result = decode(bytes);
     SOURCE.with(|s| *s.borrow_mut() = previous);
-    result
+    result.map(|value| (value, SLICES.get() != before))
 }
 
 /// [`Bytes`] that decode without a copy inside [`decode_shared`] (elsewhere they copy). The
@@ -154,7 +258,10 @@ impl<'de> serde::Deserialize<'de> for SharedBytes {
 /// `v` as a slice of the payload being decoded, if it lies inside it; else a copy.
 fn share(v: &[u8]) -> Bytes {
     SOURCE.with(|s| match s.borrow().as_ref() {
-        Some(src) if within(src, v) => src.slice_ref(v),
+        Some(src) if within(src, v) => {
+            SLICES.set(SLICES.get().wrapping_add(1));
+            src.slice_ref(v)
+        }
         _ => Bytes::copy_from_slice(v),
     })
 }
@@ -190,5 +297,60 @@ mod tests {
         // Same wire format both ways.
         assert_eq!(encode(&(7u32, SharedBytes(value.1.clone()), "x")).unwrap(), payload);
         assert!(decode_shared::<(u32, SharedBytes)>(&Bytes::from_static(&[1, 200])).is_err());
+    }
+
+    /// The same bytes as `value`'s own encoding, and whether they are `source`'s memory.
+    fn reused<T: Serialize>(value: &T, source: &Bytes) -> (Bytes, bool) {
+        let out = encode_reusing(value, source).unwrap();
+        assert_eq!(out, encode(value).unwrap(), "encode_reusing writes what encode writes");
+        let shares = within(source, &out);
+        (out, shares)
+    }
+
+    #[test]
+    fn an_argument_returned_as_it_came_is_its_payload_not_a_copy() {
+        let payload = encode(&(Bytes::from(vec![9u8; 100_000]),)).unwrap();
+        let ((arg,), sliced): ((SharedBytes,), bool) = decode_sharing(&payload).unwrap();
+        assert!(sliced);
+        let (out, shares) = reused(&arg.0, &payload);
+        assert!(shares && out.as_ptr() == payload.as_ptr() && out.len() == payload.len());
+        // With fields in front that match too.
+        let payload = encode(&(7u32, Bytes::from(vec![1u8; 5000]), 3u8)).unwrap();
+        let (n, b, t): (u32, SharedBytes, u8) = decode_shared(&payload).unwrap();
+        assert!(reused(&(n, &b, t), &payload).1);
+    }
+
+    #[test]
+    fn anything_else_is_encoded_afresh() {
+        let payload = encode(&(7u32, Bytes::from(vec![1u8; 5000]))).unwrap();
+        let (n, b): (u32, SharedBytes) = decode_shared(&payload).unwrap();
+        // A slice of the argument (its length prefix differs), other fields, other values.
+        assert!(!reused(&b.0.slice(10..), &payload).1);
+        assert!(!reused(&(n + 1, &b), &payload).1);
+        assert!(!reused(&(&b, n), &payload).1);
+        assert!(!reused(&(n, &b, 0u8), &payload).1);
+        assert!(!reused(&42u64, &payload).1);
+        assert!(!reused(&Bytes::from(vec![1u8; 5000]), &payload).1);
+        // Nothing sliced: the caller does not keep the payload.
+        let (_, sliced): (u64, bool) = decode_sharing(&encode(&5u64).unwrap()).unwrap();
+        assert!(!sliced);
+    }
+
+    proptest::proptest! {
+        /// Whatever is returned, the bytes are those `encode` writes.
+        #[test]
+        fn reusing_never_changes_the_encoding(
+            head in proptest::collection::vec(proptest::num::u8::ANY, 0..4),
+            data in proptest::collection::vec(proptest::num::u8::ANY, 1..300),
+            cut in 0usize..300,
+            bump in proptest::bool::ANY,
+        ) {
+            let payload = encode(&(head.clone(), Bytes::from(data))).unwrap();
+            let (h, b): (Vec<u8>, SharedBytes) = decode_shared(&payload).unwrap();
+            let b = b.0.slice(cut.min(b.0.len())..);
+            let mut h = h;
+            if bump { h.push(1); }
+            reused(&(h, b), &payload);
+        }
     }
 }

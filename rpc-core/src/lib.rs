@@ -48,7 +48,7 @@ mod service;
 /// results written `Bytes` are decoded without a copy (see [`codec::SharedBytes`]).
 pub use bytes::Bytes;
 pub use context::{Context, Metadata, MetadataError};
-pub use error::{CallError, ConnectError, RemoteError, ServiceError};
+pub use error::{CallError, ConnectError, Detail, RemoteError, ServiceError};
 pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode};
 pub use router::{RouteCollision, Router};
 pub use rpc_macros::service;

@@ -9,7 +9,7 @@ use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::{CallError, ServiceError};
+use crate::error::{CallError, Detail, ServiceError};
 use crate::proto::MethodId;
 use crate::runtime::observe::{ClientMethod, MethodName};
 use crate::runtime::{CallOptions, Client};
@@ -84,13 +84,13 @@ where
 {
     let started = tokio::time::Instant::now();
     let payload = crate::codec::encode_in(&client.pool(), args)
-        .map_err(|e| CallError::Codec(format!("encoding arguments: {e}")))?;
+        .map_err(|e| CallError::Codec(Detail::caused_by("encoding arguments", e)))?;
     let (response, _) = client
         .call_since(started, method, MethodName::Stub(name), payload, opts)
         .await
         .map_err(|e| explain(e, name))?;
     crate::codec::decode_shared(&response)
-        .map_err(|e| CallError::Codec(format!("decoding the response: {e}")))
+        .map_err(|e| CallError::Codec(Detail::caused_by("decoding the response", e)))
 }
 
 /// An `UnknownMethod` answer names the method and the likely cause.
@@ -119,14 +119,23 @@ where
 {
     // `Bytes` arguments (decoded as `SharedBytes` by the generated code) are slices of the
     // payload: no copy.
-    let args: Args = match crate::codec::decode_shared(&payload) {
+    let (args, sliced): (Args, bool) = match crate::codec::decode_sharing(&payload) {
         Ok(a) => a,
-        Err(e) => return futures::future::ready(Err(ServiceError::BadRequest(e.to_string()))).boxed(),
+        Err(e) => {
+            return futures::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))).boxed()
+        }
     };
-    drop(payload);
+    // Arguments that hold slices of the payload keep it alive anyway: the payload is kept too
+    // (until the handler returns), so that a response made of an argument as it came (an echo)
+    // is that slice of the payload, not a copy. Otherwise the payload goes now.
+    let source = sliced.then_some(payload);
     async move {
         let resp = f(args).await;
-        crate::codec::encode(&resp).map_err(|e| ServiceError::Handler(format!("encoding the response: {e}")))
+        let encoded = match &source {
+            Some(source) => crate::codec::encode_reusing(&resp, source),
+            None => crate::codec::encode(&resp),
+        };
+        encoded.map_err(|e| ServiceError::Handler(Detail::caused_by("encoding the response", e)))
     }
     .boxed()
 }
@@ -137,4 +146,29 @@ pub fn unknown_method(
     method: MethodId,
 ) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
     futures::future::ready(Err(ServiceError::UnknownMethod { service, method })).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{encode, SharedBytes};
+
+    fn run<T>(f: BoxFuture<'static, T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+    }
+
+    #[test]
+    fn an_echo_answers_with_its_request_payload_and_other_handlers_encode() {
+        let payload = encode(&(Bytes::from(vec![7u8; 20_000]),)).unwrap();
+        let echoed = run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0 })).unwrap();
+        assert_eq!(echoed, payload);
+        assert_eq!(echoed.as_ptr(), payload.as_ptr(), "the request payload itself, not a copy");
+        // A handler that answers something else gets its own encoding.
+        let half =
+            run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0.slice(..10_000) })).unwrap();
+        assert_eq!(half, encode(&Bytes::from(vec![7u8; 10_000])).unwrap());
+        let len =
+            run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0.len() as u64 })).unwrap();
+        assert_eq!(len, encode(&20_000u64).unwrap());
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{pattern, setup, EchoClient, Kind, LIMIT, THRESHOLD};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig, WireErrorCode};
-use rpc_transport::mem;
+use rpc_transport::{mem, ReadError};
 
 fn name(addr: &str) -> &str {
     addr.strip_prefix("mem://").expect("mem address")
@@ -73,9 +73,13 @@ async fn failed_reads_fail_the_call_not_the_connection() {
     // The server cannot READ the request: a typed remote error.
     let r = bounded(s.client.size(pattern(THRESHOLD * 2, 0))).await;
     assert!(matches!(&r, Err(CallError::Remote(e)) if e.code == WireErrorCode::ReadFailed), "{r:?}");
-    // The client cannot READ the response: a typed transfer error.
+    // The client cannot READ the response: a typed transfer error, whose source is the READ's.
     let r = bounded(s.client.fill(THRESHOLD as u64 * 2, 0)).await;
     assert!(matches!(r, Err(CallError::Transfer(_))), "{r:?}");
+    let err = r.unwrap_err();
+    let read = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<ReadError>());
+    assert_eq!(read, Some(&ReadError::Failed("injected".into())), "{err:?}");
+    assert_eq!(err.to_string(), "transfer failed: reading the response: READ failed: injected");
     faults.fail_reads(false);
     assert_eq!(bounded(s.client.fill(THRESHOLD as u64 * 2, 4)).await.unwrap(), pattern(THRESHOLD * 2, 4));
     let stats = s.client.client().stats().await.unwrap();

@@ -67,7 +67,7 @@ mod soft;
 pub mod tcp;
 
 pub use address::{connect, listen, Address};
-pub use error::{ReadError, TransportError};
+pub use error::{Detail, ReadError, SharedError, TransportError};
 pub use pool::{Buf, MemPool, PoolCounters, PoolLimits, CHUNK_BYTES, MAX_CLASS};
 
 /// A boxed, `Send` future, as returned by the object-safe parts of the seam.

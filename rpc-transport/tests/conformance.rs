@@ -296,7 +296,10 @@ async fn peer_close_flushes_and_errors(b: Backend) {
         .iter()
         .filter_map(|c| match c {
             Completion::Read { wr_id, result } => {
-                assert!(matches!(result, Ok(v) if v.len() == 1 << 20) || result == &Err(ReadError::Flushed), "{result:?}");
+                assert!(
+                    matches!(result, Ok(v) if v.len() == 1 << 20) || result == &Err(ReadError::Flushed),
+                    "{result:?}"
+                );
                 Some(*wr_id)
             }
             Completion::Send { wr_id, result } => {

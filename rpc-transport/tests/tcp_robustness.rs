@@ -291,7 +291,10 @@ async fn refused_read_closes_the_connection() {
     assert_eq!(answer, expected, "exactly one refusal, no data");
 
     let (seen, err) = drain_to_error(&mut *server).await;
-    assert!(matches!(err, TransportError::Disconnected(ref why) if why.contains("refused")), "{err:?}");
+    assert!(
+        matches!(err, TransportError::Disconnected(ref why) if why.message().contains("refused")),
+        "{err:?}"
+    );
     assert!(seen.is_empty(), "the SEND after the bad READ was delivered: {seen:?}");
     assert_eq!((server.counters().reads_refused, server.counters().recvs), (1, 0));
     assert_listener_serves_good_client(&mut l, addr).await;

@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{MemPool, ReadError, RegionDesc, WrId};
+use rpc_transport::{Detail, MemPool, ReadError, RegionDesc, WrId};
 
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
@@ -35,10 +35,10 @@ pub enum CallFailure {
         /// Our limit.
         max: u64,
     },
-    /// Registering the request payload failed.
-    RegisterFailed(String),
-    /// The connection died.
-    Disconnected(String),
+    /// Registering the request payload failed (the cause is the transport's error).
+    RegisterFailed(Detail),
+    /// The connection died (the cause is the transport's error, when it failed).
+    Disconnected(Detail),
 }
 
 /// Why a call could not start.
@@ -234,7 +234,7 @@ impl ClientProto {
     }
 
     /// Reports the outcome of an [`Op::Register`].
-    pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
+    pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>) {
         let registering = self.calls.get(&call_id).is_some_and(|c| c.state == State::Registering);
         self.link.rdv.registered(call_id, registering && result.is_ok());
         if result.is_ok() {
@@ -412,13 +412,14 @@ impl ClientProto {
 
     /// The connection is dead: every call in progress completes with `Disconnected`, and every
     /// region still advertised is revoked (poll the operations once more).
-    pub fn fail_all(&mut self, reason: &str) {
+    pub fn fail_all(&mut self, reason: impl Into<Detail>) {
+        let reason = reason.into();
         self.link.revoke_all();
         let mut ids: Vec<u64> = self.calls.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
             if let Some(call) = self.calls.remove(&id) {
-                let result = Err(CallFailure::Disconnected(reason.to_string()));
+                let result = Err(CallFailure::Disconnected(reason.clone()));
                 self.events.push_back(ClientEvent::Completed { call_id: id, result, info: call.info });
             }
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{MemPool, ReadError, RegionDesc, WrId};
+use rpc_transport::{Detail, MemPool, ReadError, RegionDesc, WrId};
 
 use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
@@ -356,7 +356,7 @@ impl ServerProto {
     }
 
     /// Reports the outcome of an [`Op::Register`] of a response payload.
-    pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
+    pub fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>) {
         let registering = self.calls.get(&call_id).is_some_and(|c| c.state == State::Registering);
         self.link.rdv.registered(call_id, registering && result.is_ok());
         if result.is_ok() {

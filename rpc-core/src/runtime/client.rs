@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rpc_transport::{Address, Connection, MemPool, TransportError};
+use rpc_transport::{Address, Connection, Detail, MemPool, TransportError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tracing::field::Empty;
 use tracing::Instrument;
@@ -239,7 +239,7 @@ impl Client {
     /// The error of a call that found the connection closed (and was not sent).
     fn not_connected(&self) -> CallError {
         if self.shared.reconnecting {
-            CallError::NotConnected(format!("connection to {} lost; reconnecting", self.shared.peer))
+            CallError::NotConnected(format!("connection to {} lost; reconnecting", self.shared.peer).into())
         } else {
             CallError::Disconnected("connection closed".into())
         }
@@ -486,7 +486,7 @@ impl ClientDriver {
         }
     }
 
-    fn fail(&mut self, fatal: &Fatal) {
+    fn fail(&mut self, fatal: Fatal) {
         // The server closing an idle connection (its graceful shutdown does that) is no failure.
         if matches!(fatal, Fatal::Transport(TransportError::Disconnected(_))) && self.pending.is_empty() {
             tracing::debug!(reason = %fatal, "connection closed by the peer");
@@ -494,11 +494,12 @@ impl ClientDriver {
             tracing::warn!(error = %fatal, calls = self.pending.len(), "connection failed");
         }
         self.conn.close();
-        self.proto.fail_all(&fatal.to_string());
+        let reason = fatal.into_detail();
+        self.proto.fail_all(reason.clone());
         driver::revoke_after_close(self.conn.as_mut(), &mut self.proto);
         self.deliver_events();
         for (_, reply) in self.pending.drain() {
-            let _ = reply.send(Err(CallError::Disconnected(fatal.to_string())));
+            let _ = reply.send(Err(CallError::Disconnected(reason.clone())));
         }
     }
 
@@ -520,7 +521,7 @@ impl Future for ClientDriver {
         for _ in 0..ROUNDS_PER_WAKE {
             match this.poll_round(cx) {
                 Err(fatal) => {
-                    this.fail(&fatal);
+                    this.fail(fatal);
                     return Poll::Ready(());
                 }
                 // The last handle is gone: close once the cancels and done reports are out and
@@ -546,7 +547,7 @@ fn start_error(e: StartError) -> CallError {
         StartError::MetadataTooLarge { len, max } => {
             CallError::Metadata(crate::context::MetadataError::TooLarge { bytes: len, max })
         }
-        other => CallError::Protocol(other.to_string()),
+        other => CallError::Protocol(Detail::from_error(other)),
     }
 }
 
@@ -554,9 +555,9 @@ fn call_error(f: CallFailure) -> CallError {
     match f {
         CallFailure::Remote(w) => RemoteError::from(w).into(),
         CallFailure::DeadlineExceeded => CallError::DeadlineExceeded,
-        CallFailure::ReadFailed(e) => CallError::Transfer(format!("reading the response: {e}")),
+        CallFailure::ReadFailed(e) => CallError::Transfer(Detail::caused_by("reading the response", e)),
         CallFailure::TooLarge { len, max } => CallError::PayloadTooLarge { len, max },
-        CallFailure::RegisterFailed(e) => CallError::Transfer(format!("registering the request: {e}")),
+        CallFailure::RegisterFailed(e) => CallError::Transfer(e.context("registering the request")),
         CallFailure::Disconnected(r) => CallError::Disconnected(r),
     }
 }

@@ -9,7 +9,8 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use rpc_transport::{
-    Buf, Completion, Connection, ReadError, RecvBuffer, RegionDesc, TransportCounters, TransportError, WrId,
+    Buf, Completion, Connection, Detail, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    TransportError, WrId,
 };
 use tokio::time::Sleep;
 
@@ -48,7 +49,7 @@ pub(crate) trait ProtoEnd {
     fn handle_frame(&mut self, frame: Bytes, now: Instant) -> Result<(), ProtoError>;
     fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
     fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>);
-    fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>);
+    fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>);
     fn next_op(&mut self) -> Option<Op>;
     fn timeout(&mut self) -> Option<Instant>;
     fn expire(&mut self, now: Instant) -> Result<(), ProtoError>;
@@ -67,7 +68,7 @@ macro_rules! impl_proto_end {
             fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>) {
                 self.handle_read_complete(wr_id, result)
             }
-            fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, String>) {
+            fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>) {
                 <$ty>::handle_registered(self, call_id, result)
             }
             fn next_op(&mut self) -> Option<Op> {
@@ -105,6 +106,18 @@ impl std::fmt::Display for Fatal {
                 write!(f, "{e}")
             }
             Fatal::Protocol(e) => write!(f, "protocol violation by the peer: {e}"),
+        }
+    }
+}
+
+impl Fatal {
+    /// Why, with the transport's or the protocol's error kept as the cause (so a call failed by
+    /// it has the chain: `CallError` -> `TransportError` -> e.g. the `io::Error`).
+    pub(crate) fn into_detail(self) -> Detail {
+        let message = Detail::new(self.to_string());
+        match self {
+            Fatal::Transport(e) => message.with_cause(e),
+            Fatal::Protocol(e) => message.with_cause(e),
         }
     }
 }
@@ -190,7 +203,7 @@ pub(crate) fn post_ops<P: ProtoEnd>(
         match op {
             Op::Send { wr_id, frame } => sends.push((wr_id, frame)),
             Op::Register { call_id, data } => {
-                let result = conn.register(data).map_err(|e| e.to_string());
+                let result = conn.register(data).map_err(Detail::from_error);
                 proto.handle_registered(call_id, result);
             }
             Op::Deregister { region } => {

@@ -9,8 +9,8 @@ use super::delay::DelayLine;
 use super::faults::{corrupt, FaultPlan, SendFault};
 use crate::soft::{Death, Soft, MAX_READ_SIZE};
 use crate::{
-    Buf, Completion, ConnInfo, Connection, MemPool, ReadError, RecvBuffer, RegionDesc, TransportCounters,
-    TransportError, WrId,
+    Buf, Completion, ConnInfo, Connection, Detail, MemPool, ReadError, RecvBuffer, RegionDesc,
+    TransportCounters, TransportError, WrId,
 };
 
 /// READs a mem connection allows in flight (advertised; the fabric serves them at once).
@@ -68,7 +68,7 @@ fn link_deaths(a: &Arc<Soft>, b: &Arc<Soft>) {
         let other = Arc::downgrade(other);
         move |death: &Death| {
             if let Some(other) = other.upgrade() {
-                other.fail(Death::Closed(format!("peer closed: {}", death.reason())));
+                other.fail(Death::Closed(death.detail().context("peer closed")));
             }
         }
     };
@@ -138,12 +138,13 @@ impl Connection for MemConnection {
                 return local.complete_read_from(op, Err(ReadError::Failed("injected".into())));
             }
             let served = peer.serve_read(remote.addr, remote.len, remote.rkey);
-            let refused = served.as_ref().err().map(ToString::to_string);
+            let refused = served.as_ref().err().cloned();
             local.complete_read_from(op, served);
             // As on verbs: a refused READ (bad key, out of bounds, revoked) completes with its
             // error, then the connection fails on both ends.
-            if let Some(why) = refused {
-                local.fail(Death::Closed(format!("READ refused by the peer ({why}): connection closed")));
+            if let Some(err) = refused {
+                let why = format!("READ refused by the peer ({err}): connection closed");
+                local.fail(Death::Closed(Detail::new(why).with_cause(err)));
             }
         });
         Ok(())

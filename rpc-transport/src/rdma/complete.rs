@@ -118,7 +118,7 @@ impl RdmaConnection {
 
     fn send_error(&self, status: u32) -> TransportError {
         if status == st::IBV_WC_WR_FLUSH_ERR {
-            TransportError::Disconnected(self.failed.clone().unwrap_or_else(|| "flushed".into()))
+            TransportError::Disconnected(self.failed.clone().unwrap_or_else(|| "flushed".into()).into())
         } else {
             TransportError::Verbs { call: "ibv_post_send (completion)", detail: status_text(status).into() }
         }
@@ -221,7 +221,7 @@ impl RdmaConnection {
             self.rq_posted = self.rq_posted.saturating_sub(1);
         }
         for (wr_id, _) in std::mem::take(&mut self.send_backlog) {
-            let result = Err(TransportError::Disconnected(reason.clone()));
+            let result = Err(TransportError::Disconnected(reason.as_str().into()));
             self.ready.push_back(Completion::Send { wr_id, result });
         }
         for chunk in std::mem::take(&mut self.read_backlog) {
@@ -254,7 +254,7 @@ impl RdmaConnection {
                         let reason = self.failed.clone().unwrap_or_default();
                         self.ready.push_back(Completion::Send {
                             wr_id,
-                            result: Err(TransportError::Disconnected(reason)),
+                            result: Err(TransportError::Disconnected(reason.into())),
                         });
                     }
                 }
@@ -264,7 +264,7 @@ impl RdmaConnection {
         let reason = self.failed.clone().unwrap_or_default();
         for b in std::mem::take(&mut self.sq_batch) {
             if let Some(wr_id) = b.unsignaled {
-                let result = Err(TransportError::Disconnected(reason.clone()));
+                let result = Err(TransportError::Disconnected(reason.as_str().into()));
                 self.ready.push_back(Completion::Send { wr_id, result });
             }
         }

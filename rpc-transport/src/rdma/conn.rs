@@ -190,7 +190,7 @@ impl RdmaConnection {
         if self.malformed {
             TransportError::Malformed(reason)
         } else {
-            TransportError::Disconnected(reason)
+            TransportError::Disconnected(reason.into())
         }
     }
 

@@ -419,7 +419,7 @@ impl RdmaConnection {
     /// Completes a request the provider refused to post.
     pub(super) fn unpost(&mut self, b: Batched, reason: &str) {
         self.sq_posted -= 1;
-        let failed = || Err(TransportError::Disconnected(reason.to_string()));
+        let failed = || Err(TransportError::Disconnected(reason.into()));
         if let Some(wr_id) = b.unsignaled {
             self.ready.push_back(Completion::Send { wr_id, result: failed() });
             return;
@@ -449,6 +449,6 @@ trait CloneForCompletion {
 
 impl CloneForCompletion for TransportError {
     fn clone_for_completion(&self) -> TransportError {
-        TransportError::Disconnected(self.to_string())
+        TransportError::Disconnected(self.to_string().into())
     }
 }

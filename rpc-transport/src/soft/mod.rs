@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 
 use crate::{
-    Buf, Completion, ConnParams, MemPool, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    Buf, Completion, ConnParams, Detail, MemPool, RKey, ReadError, RecvBuffer, RegionDesc, TransportCounters,
     TransportError, WrId, MAX_PRIVATE_DATA,
 };
 
@@ -38,7 +38,7 @@ pub(crate) const MAX_READ_SIZE: u64 = 1 << 30;
 #[derive(Debug, Clone)]
 pub(crate) enum Death {
     /// Closed by either side, the peer vanished, or an I/O error: reported as `Disconnected`.
-    Closed(String),
+    Closed(Detail),
     /// The peer violated the transport's framing: reported as `Malformed`.
     Malformed(String),
 }
@@ -46,13 +46,22 @@ pub(crate) enum Death {
 impl Death {
     pub(crate) fn reason(&self) -> &str {
         match self {
-            Death::Closed(r) | Death::Malformed(r) => r,
+            Death::Closed(d) => d.message(),
+            Death::Malformed(r) => r,
+        }
+    }
+
+    /// Why, with the error behind it (a failed socket read, ..) when there is one.
+    pub(crate) fn detail(&self) -> Detail {
+        match self {
+            Death::Closed(d) => d.clone(),
+            Death::Malformed(r) => Detail::new(r.as_str()),
         }
     }
 
     pub(crate) fn to_error(&self) -> TransportError {
         match self {
-            Death::Closed(r) => TransportError::Disconnected(r.clone()),
+            Death::Closed(d) => TransportError::Disconnected(d.clone()),
             Death::Malformed(r) => TransportError::Malformed(r.clone()),
         }
     }

@@ -98,10 +98,9 @@ impl State {
         self.overflow.clear();
         for (_, op) in std::mem::take(&mut self.pending) {
             let flushed = match op {
-                Pending::Send(wr_id) => Completion::Send {
-                    wr_id,
-                    result: Err(TransportError::Disconnected(death.reason().to_string())),
-                },
+                Pending::Send(wr_id) => {
+                    Completion::Send { wr_id, result: Err(TransportError::Disconnected(death.detail())) }
+                }
                 Pending::Read { wr_id, .. } => Completion::Read { wr_id, result: Err(ReadError::Flushed) },
             };
             self.cq.push_back(flushed);

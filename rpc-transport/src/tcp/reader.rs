@@ -12,6 +12,7 @@ use super::push::Push;
 use super::wire::{self, Header};
 use super::writer::Outgoing;
 use crate::soft::{Death, Soft};
+use crate::Detail;
 
 /// What the reader needs: the local endpoint, the writer's queue (for READ responses), and the
 /// largest SEND this side accepts.
@@ -48,7 +49,7 @@ fn inside_frame(e: io::Error) -> Death {
     if e.kind() == io::ErrorKind::UnexpectedEof {
         malformed("truncated frame at end of stream")
     } else {
-        Death::Closed(format!("read failed: {e}"))
+        Death::Closed(Detail::caused_by("read failed", e))
     }
 }
 
@@ -67,7 +68,7 @@ impl Reader {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                     return Death::Closed("peer closed the connection".into())
                 }
-                Err(e) => return Death::Closed(format!("read failed: {e}")),
+                Err(e) => return Death::Closed(Detail::caused_by("read failed", e)),
             };
             if let Err(death) = self.frame(ty, r).await {
                 return death;
@@ -116,7 +117,7 @@ impl Reader {
         // Accepted: within our window, memory we agreed to hold, so it fits in usize. Read
         // straight into a buffer of the connection's pool (a READ of the region takes it as is).
         let size = usize::try_from(len).map_err(|_| malformed("pushed region too large"))?;
-        let mut data = self.soft.pool().alloc(size).map_err(|e| Death::Closed(e.to_string()))?;
+        let mut data = self.soft.pool().alloc(size).map_err(|e| Death::Closed(Detail::from_error(e)))?;
         if let Err(e) = payload.read_exact(&mut data).await {
             return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 malformed("truncated frame at end of stream")
@@ -179,7 +180,8 @@ impl Reader {
                 self.out.queue(Outgoing::ReadResp { id, result: Ok(data), permit }).map_err(writer_gone)
             }
             Err(refused) => {
-                let death = Death::Closed(format!("refused the peer's READ ({refused}): connection closed"));
+                let why = format!("refused the peer's READ ({refused}): connection closed");
+                let death = Death::Closed(Detail::new(why).with_cause(refused.clone()));
                 let status = wire::status_of(&refused);
                 self.out
                     .queue(Outgoing::ReadResp { id, result: Err(status), permit })
@@ -212,7 +214,8 @@ impl Reader {
             }
             // The READ completes with its typed error first, then the connection closes (the
             // peer closes its end too), as an RC QP that got a remote access error.
-            let death = Death::Closed(format!("READ refused by the peer ({err}): connection closed"));
+            let why = format!("READ refused by the peer ({err}): connection closed");
+            let death = Death::Closed(Detail::new(why).with_cause(err.clone()));
             self.soft.complete_read(id, Err(err));
             return Err(death);
         }

@@ -74,7 +74,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
         };
         let closing = match write_batch(w, first, rx, &mut batch).await {
             Ok(closing) => closing,
-            Err(e) => return Death::Closed(format!("write failed: {e}")),
+            Err(e) => return Death::Closed(crate::Detail::caused_by("write failed", e)),
         };
         soft.complete_sends_ok(&batch.sends);
         batch.sends.clear();

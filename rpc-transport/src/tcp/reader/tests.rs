@@ -120,7 +120,7 @@ fn read_requests_are_served_or_refused_without_data() {
         input.extend(send_frame(b"after"));
         let death = run(&mut h, &input);
         assert!(
-            matches!(&death, Death::Closed(r) if r.contains("refused the peer's READ")),
+            matches!(&death, Death::Closed(r) if r.message().contains("refused the peer's READ")),
             "{what}: {death:?}"
         );
         let mut queued = Vec::new();
@@ -152,7 +152,10 @@ fn a_refused_read_completes_with_its_error_then_closes() {
     let mut input = wire::encode_read_resp(refused, 1, 0).to_vec();
     input.extend(send_frame(b"never delivered"));
     let death = run(&mut h, &input);
-    assert!(matches!(&death, Death::Closed(r) if r.contains("READ refused by the peer")), "{death:?}");
+    assert!(
+        matches!(&death, Death::Closed(r) if r.message().contains("READ refused by the peer")),
+        "{death:?}"
+    );
     h.soft.fail(death);
     let (done, end) = completions(&h.soft);
     assert!(
@@ -284,4 +287,35 @@ proptest! {
         let (_, end) = completions(&h.soft);
         prop_assert!(matches!(end, Poll::Ready(Err(_))));
     }
+}
+
+/// A socket that fails every read as a connection reset by the peer.
+struct ResetSocket;
+
+impl tokio::io::AsyncRead for ResetSocket {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        _buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()))
+    }
+}
+
+#[test]
+fn a_reset_socket_ends_the_connection_with_the_io_error_as_source() {
+    use std::error::Error as _;
+    let mut h = harness(1, 16);
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let death = rt.block_on(h.reader.run(&mut ResetSocket));
+    h.soft.fail(death);
+    let (_, end) = completions(&h.soft);
+    let Poll::Ready(Err(err)) = end else { panic!("the connection failed: {end:?}") };
+    assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
+    let io =
+        err.source().and_then(|s| s.downcast_ref::<std::io::Error>()).expect("the io::Error is the source");
+    assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+    let shown = err.to_string();
+    assert!(shown.starts_with("connection closed: read failed: "), "{shown}");
+    assert!(shown.ends_with(&io.to_string()), "{shown}");
 }
