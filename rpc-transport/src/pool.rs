@@ -452,6 +452,20 @@ impl MemPool {
         Ok(Buf::pooled(Block { chunk, offset: 0, size }, len))
     }
 
+    /// A buffer of `len` bytes if one lies idle in the pool, without making or registering any
+    /// memory (`None`: [`MemPool::alloc`] would make a chunk or a one-off, which on a registering
+    /// backend calls the NIC's driver and can take milliseconds for large buffers).
+    pub fn alloc_idle(&self, len: usize) -> Option<Buf> {
+        let shared = &self.shared;
+        let size = class_size(len.max(1));
+        if size > MAX_CLASS || shared.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let block = shared.take_idle(class_index(size))?;
+        shared.counters.allocs.fetch_add(1, Ordering::Relaxed);
+        Some(Buf::pooled(block, len))
+    }
+
     /// [`MemPool::alloc`], or plain heap memory if the pool cannot provide it (a transport then
     /// copies or registers it for its operation alone).
     pub fn alloc_or_heap(&self, len: usize) -> Buf {

@@ -8,10 +8,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use rpc_transport::{
     Buf, Completion, Connection, Detail, ReadError, RecvBuffer, RegionDesc, TransportCounters,
     TransportError, WrId,
 };
+use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
 use crate::proto::{ClientProto, Op, ProtoError, ProtoStats, ServerProto};
@@ -136,9 +138,20 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
     proto: &mut P,
     scratch: &mut Scratch,
 ) -> Result<bool, Fatal> {
+    let mut posted = false;
+    while let Poll::Ready(Some(ready)) = scratch.destinations.poll_next_unpin(cx) {
+        let (wr_id, remote, dst) = ready.map_err(|e| {
+            Fatal::Transport(TransportError::Disconnected(Detail::caused_by(
+                "making a READ destination failed",
+                e,
+            )))
+        })?;
+        conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
+        posted = true;
+    }
     let Scratch { completions: scratch, reposts, .. } = scratch;
     match conn.poll_completions(cx, scratch, COMPLETION_BATCH) {
-        Poll::Pending => return Ok(false),
+        Poll::Pending => return Ok(posted),
         Poll::Ready(Err(e)) => return Err(Fatal::Transport(e)),
         Poll::Ready(Ok(())) => {}
     }
@@ -178,6 +191,8 @@ pub(crate) struct Scratch {
     reposts: Vec<RecvBuffer>,
     /// SENDs of one `post_ops`, posted together.
     sends: Vec<(WrId, Bytes)>,
+    /// READ destinations being made (registered) on blocking threads, each with its READ.
+    destinations: FuturesUnordered<JoinHandle<(WrId, RegionDesc, Buf)>>,
 }
 
 impl Scratch {
@@ -186,6 +201,7 @@ impl Scratch {
             completions: Vec::with_capacity(COMPLETION_BATCH),
             reposts: Vec::with_capacity(COMPLETION_BATCH),
             sends: Vec::with_capacity(COMPLETION_BATCH),
+            destinations: FuturesUnordered::new(),
         }
     }
 }
@@ -216,8 +232,24 @@ pub(crate) fn post_ops<P: ProtoEnd>(
             }
             Op::Read { wr_id, remote } => {
                 // The destination comes from the connection's pool: registered once, reused.
-                let dst = conn.pool().alloc_or_heap(remote.len as usize);
-                conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
+                let len = remote.len as usize;
+                let pool = conn.pool();
+                match pool.alloc_idle(len) {
+                    Some(dst) => conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?,
+                    None if !pool.registers() => {
+                        let dst = pool.alloc_or_heap(len);
+                        conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
+                    }
+                    None => {
+                        // Registering new memory (a new chunk, or a one-off beyond the pool's
+                        // limits) can take milliseconds for a large buffer: it is done on a
+                        // blocking thread, and the READ is posted when the buffer is ready; the
+                        // connection's other calls go on meanwhile.
+                        let pool = pool.clone();
+                        let alloc = move || (wr_id, remote, pool.alloc_or_heap(len));
+                        scratch.destinations.push(tokio::task::spawn_blocking(alloc));
+                    }
+                }
             }
         }
     }
