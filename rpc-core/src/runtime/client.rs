@@ -317,6 +317,7 @@ async fn open(
         scratch: Vec::with_capacity(driver::COMPLETION_BATCH),
         sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
         closing: false,
+        polls: 0,
     };
     let (done_tx, done) = oneshot::channel::<()>();
     let task = async move {
@@ -428,6 +429,8 @@ struct ClientDriver {
     scratch: Vec<Completion>,
     sleep: Pin<Box<Sleep>>,
     closing: bool,
+    /// Times this driver was polled (for [`ConnStats`]).
+    polls: u64,
 }
 
 impl ClientDriver {
@@ -474,6 +477,8 @@ impl ClientDriver {
                     proto: self.proto.stats(),
                     transport: self.conn.counters(),
                     calls_in_flight: self.proto.calls_in_flight(),
+                    driver_polls: self.polls,
+                    handlers_spawned: 0,
                 });
             }
         }
@@ -518,6 +523,7 @@ impl Future for ClientDriver {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
+        this.polls += 1;
         for _ in 0..ROUNDS_PER_WAKE {
             match this.poll_round(cx) {
                 Err(fatal) => {

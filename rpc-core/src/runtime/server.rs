@@ -288,6 +288,8 @@ impl Acceptor {
             shutdown: shutdown_signal(self.shutdown.clone()),
             draining: false,
             stats_slot: self.board.slot(),
+            polls: 0,
+            handlers_spawned: 0,
         };
         connections.spawn(driver.instrument(span));
     }
@@ -395,6 +397,9 @@ struct ServerDriver {
     /// This connection's own slot of the server's board: publishing never contends with
     /// other connections.
     stats_slot: StatsSlot,
+    /// Times this driver was polled, and handler tasks it spawned (for [`ConnStats`]).
+    polls: u64,
+    handlers_spawned: u64,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -499,6 +504,7 @@ impl ServerDriver {
             let _ = results.send((call_id, result));
         };
         let handle = tokio::spawn(task.instrument(call.span.clone()));
+        self.handlers_spawned += 1;
         self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call });
     }
 
@@ -596,6 +602,8 @@ impl ServerDriver {
             proto: self.proto.stats(),
             transport: self.conn.counters(),
             calls_in_flight: self.proto.calls_in_flight(),
+            driver_polls: self.polls,
+            handlers_spawned: self.handlers_spawned,
         };
         self.stats_slot.publish(stats);
     }
@@ -619,6 +627,7 @@ impl Future for ServerDriver {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
+        this.polls += 1;
         for _ in 0..ROUNDS_PER_WAKE {
             match this.poll_round(cx) {
                 Err(Fatal::Transport(e)) => {
