@@ -1,11 +1,9 @@
 //! The client: a cloneable handle to one connection, driven by its own task; optionally
 //! reconnecting (with backoff) when the connection is lost.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,6 +15,7 @@ use tokio::time::Sleep;
 use tracing::field::Empty;
 use tracing::Instrument;
 
+use super::call_slots::{CallResult, CallSlots};
 use super::config::{CallOptions, ClientConfig, Reconnect};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
@@ -25,16 +24,14 @@ use crate::context::{self, MetadataError, TRACE_ID_KEY};
 use crate::error::{CallError, ConnectError, RemoteError};
 use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, StartError};
 
-type Reply = oneshot::Sender<Result<(Bytes, CallInfo), CallError>>;
-
 enum Command {
+    /// Start call `call_id`, whose slot the caller has taken.
     Call {
         call_id: u64,
         method: MethodId,
         payload: Bytes,
         metadata: Bytes,
         timeout: Option<Duration>,
-        reply: Reply,
     },
     Cancel {
         call_id: u64,
@@ -44,10 +41,11 @@ enum Command {
     },
 }
 
-/// One connection: the channel to its driver and its call-id and in-flight accounting.
+/// One connection: the channel to its driver, the slots of its calls and its in-flight bound.
 struct Conn {
     commands: mpsc::UnboundedSender<Command>,
-    next_call_id: AtomicU64,
+    /// Shared with the driver, which delivers each result into its call's slot.
+    slots: Arc<CallSlots>,
     in_flight: Semaphore,
     /// The connection's registered memory (payloads are encoded there).
     pool: MemPool,
@@ -221,17 +219,17 @@ impl Client {
             if remaining == Some(Duration::ZERO) {
                 break 'call Err(CallError::DeadlineExceeded);
             }
-            let call_id = conn.next_call_id.fetch_add(1, Ordering::Relaxed);
+            let Some(call_id) = conn.slots.open() else { break 'call Err(self.not_connected()) };
             finish.span.record("call_id", call_id);
-            let (reply, response) = oneshot::channel();
-            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining, reply };
+            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining };
             if conn.commands.send(command).is_err() {
+                conn.slots.abandon(call_id);
                 break 'call Err(self.not_connected());
             }
-            let guard = CancelOnDrop { call_id, commands: &conn.commands, armed: true };
-            let result = response.await;
+            let guard = CancelOnDrop { call_id, conn: &conn, armed: true };
+            let result = std::future::poll_fn(|cx| conn.slots.poll_result(call_id, cx)).await;
             guard.disarm();
-            result.unwrap_or_else(|_| Err(CallError::Disconnected("connection driver stopped".into())))
+            result
         };
         finish.report(&result);
         result
@@ -309,11 +307,12 @@ async fn open(
     let pool = conn.pool().clone();
     let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
     let (commands, rx) = mpsc::unbounded_channel();
+    let slots = Arc::new(CallSlots::default());
     let driver = ClientDriver {
         proto: ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone()),
         conn,
         commands: rx,
-        pending: HashMap::new(),
+        slots: slots.clone(),
         scratch: Vec::with_capacity(driver::COMPLETION_BATCH),
         sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
         closing: false,
@@ -325,12 +324,7 @@ async fn open(
         drop(done_tx);
     };
     tokio::spawn(task.instrument(span));
-    let conn = Conn {
-        commands,
-        next_call_id: AtomicU64::new(1),
-        in_flight: Semaphore::new(config.proto.max_in_flight as usize),
-        pool,
-    };
+    let conn = Conn { commands, slots, in_flight: Semaphore::new(config.proto.max_in_flight as usize), pool };
     Ok((Arc::new(conn), done, info.peer))
 }
 
@@ -373,11 +367,12 @@ async fn reconnect(
     }
 }
 
-/// Sends a cancel for a call whose future is dropped before its response arrives. Sending on an
-/// unbounded channel never blocks and spawns nothing.
+/// Gives back the slot of a call whose future is dropped before it took its result, and sends a
+/// cancel if the call was still in progress. Sending on an unbounded channel never blocks and
+/// spawns nothing.
 struct CancelOnDrop<'a> {
     call_id: u64,
-    commands: &'a mpsc::UnboundedSender<Command>,
+    conn: &'a Conn,
     armed: bool,
 }
 
@@ -389,8 +384,8 @@ impl CancelOnDrop<'_> {
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = self.commands.send(Command::Cancel { call_id: self.call_id });
+        if self.armed && self.conn.slots.abandon(self.call_id) {
+            let _ = self.conn.commands.send(Command::Cancel { call_id: self.call_id });
         }
     }
 }
@@ -406,7 +401,7 @@ struct Finish {
 }
 
 impl Finish {
-    fn report(&mut self, result: &Result<(Bytes, CallInfo), CallError>) {
+    fn report(&mut self, result: &CallResult) {
         self.reported = true;
         observe::client_call_done(&self.span, self.name, self.request_bytes, self.started.elapsed(), result);
     }
@@ -425,7 +420,8 @@ struct ClientDriver {
     proto: ClientProto,
     conn: Box<dyn Connection>,
     commands: mpsc::UnboundedReceiver<Command>,
-    pending: HashMap<u64, Reply>,
+    /// Where results go: the slot of each call (the proto knows which calls are in progress).
+    slots: Arc<CallSlots>,
     scratch: Vec<Completion>,
     sleep: Pin<Box<Sleep>>,
     closing: bool,
@@ -455,20 +451,16 @@ impl ClientDriver {
 
     fn run_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Call { call_id, method, payload, metadata, timeout, reply } => {
+            Command::Call { call_id, method, payload, metadata, timeout } => {
                 let now = driver::now();
-                match self.proto.start_call_with_metadata(call_id, method, payload, metadata, timeout, now) {
-                    Ok(()) => {
-                        self.pending.insert(call_id, reply);
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(start_error(e)));
-                    }
+                if let Err(e) =
+                    self.proto.start_call_with_metadata(call_id, method, payload, metadata, timeout, now)
+                {
+                    self.slots.complete(call_id, Err(start_error(e)));
                 }
             }
             Command::Cancel { call_id } => {
-                if self.pending.remove(&call_id).is_some() {
-                    self.proto.cancel(call_id);
+                if self.proto.cancel(call_id) {
                     tracing::debug!(call_id, "call cancelled by the caller");
                 }
             }
@@ -486,26 +478,25 @@ impl ClientDriver {
 
     fn deliver_events(&mut self) {
         while let Some(ClientEvent::Completed { call_id, result, info }) = self.proto.poll_event() {
-            if let Some(reply) = self.pending.remove(&call_id) {
-                let _ = reply.send(result.map(|b| (b, info)).map_err(call_error));
-            }
+            // A caller that has gone (its cancel not yet taken) gets nothing.
+            self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error));
         }
     }
 
     fn fail(&mut self, fatal: &Fatal) {
         // The server closing an idle connection (its graceful shutdown does that) is no failure.
-        if matches!(fatal, Fatal::Transport(TransportError::Disconnected(_))) && self.pending.is_empty() {
+        let calls = self.proto.calls_in_flight();
+        if matches!(fatal, Fatal::Transport(TransportError::Disconnected(_))) && calls == 0 {
             tracing::debug!(reason = %fatal, "connection closed by the peer");
         } else {
-            tracing::warn!(error = %fatal, calls = self.pending.len(), "connection failed");
+            tracing::warn!(error = %fatal, calls, "connection failed");
         }
         self.conn.close();
         self.proto.fail_all(&fatal.to_string());
         driver::revoke_after_close(self.conn.as_mut(), &mut self.proto);
         self.deliver_events();
-        for (_, reply) in self.pending.drain() {
-            let _ = reply.send(Err(CallError::Disconnected(fatal.to_string())));
-        }
+        // Calls whose command was not taken yet fail the same way.
+        self.slots.close(&fatal.to_string());
     }
 
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
@@ -515,6 +506,14 @@ impl ClientDriver {
         driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
         self.deliver_events();
         Ok(progressed)
+    }
+}
+
+impl Drop for ClientDriver {
+    /// However the driver ends (failed, closed, or dropped with its runtime), a call still
+    /// waiting fails rather than waits forever, and no call starts on this connection any more.
+    fn drop(&mut self) {
+        self.slots.close("connection driver stopped");
     }
 }
 
@@ -532,7 +531,7 @@ impl Future for ClientDriver {
                 }
                 // The last handle is gone: close once the cancels and done reports are out and
                 // the server has reported our regions READ (bounded by the done timeout).
-                Ok(_) if this.closing && this.pending.is_empty() && this.proto.is_idle() => {
+                Ok(_) if this.closing && this.proto.is_idle() => {
                     tracing::debug!("last client handle dropped; closing");
                     this.conn.close();
                     return Poll::Ready(());
