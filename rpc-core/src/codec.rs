@@ -5,6 +5,8 @@ use rpc_transport::MemPool;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::arena;
+
 /// Encoding or decoding failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -36,12 +38,16 @@ pub fn current_pool() -> Option<MemPool> {
 /// Encodes a value into a buffer of exactly its encoded size (measured in a first pass, so the
 /// buffer never grows). Inside a server handler the buffer comes from the connection's
 /// registered memory pool, so the transport sends or advertises it as it is; elsewhere it is a
-/// plain heap buffer.
+/// heap buffer (for a small value, a slice of a block this thread carves small values from: no
+/// allocation of its own).
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
     match POOL.try_with(MemPool::clone) {
         Ok(pool) => encode_in(&pool, value),
         Err(_) => {
             let size = encoded_size(value)?;
+            if size <= arena::SMALL {
+                return arena::write_local(size, |buf| write_into(value, buf));
+            }
             let mut buf = vec![0u8; size];
             write_into(value, &mut buf)?;
             Ok(Bytes::from(buf))

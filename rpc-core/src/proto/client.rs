@@ -266,7 +266,8 @@ impl ClientProto {
     /// call [`ClientProto::fail_all`].
     /// Copies the frame; [`ClientProto::handle_recv_bytes`] does not.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        self.handle_recv_bytes(Bytes::copy_from_slice(frame), now)
+        let frame = self.link.copy_received(frame);
+        self.handle_recv_bytes(frame, now)
     }
 
     /// Handles one received frame at time `now`; an eager response's payload is a slice of

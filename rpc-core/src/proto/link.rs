@@ -27,6 +27,8 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 use rpc_transport::{MemPool, RegionDesc, WrId};
 
+use crate::arena::{self, Arena};
+
 use super::budget::Budget;
 use super::config::{PeerLimits, ProtoConfig};
 use super::error::ProtoError;
@@ -110,8 +112,11 @@ pub(crate) struct Link {
     pub max_read_size: u64,
     pub live: Liveness,
     pub rdv: Rendezvous,
-    /// Where frames are assembled (the connection's registered memory), if given.
+    /// Where frames with a body are assembled (the connection's registered memory), if given.
     pub pool: Option<MemPool>,
+    /// Where header-only frames (and any frame when there is no pool) are assembled, and received
+    /// frames copied by [`Link::copy_received`], when they are small.
+    pub arena: Arena,
     pub stats: ProtoStats,
 }
 
@@ -149,6 +154,7 @@ impl Link {
             ),
             stats: ProtoStats::default(),
             pool: None,
+            arena: Arena::default(),
         }
     }
 
@@ -178,6 +184,14 @@ impl Link {
     pub fn queue(&mut self, header: Header, body: Bytes) {
         self.tx.push_back(Outgoing { header, body });
         self.stats.queued_frames_peak = self.stats.queued_frames_peak.max(self.tx.len() as u64);
+    }
+
+    /// A received frame, copied: into the arena if it is small, else a buffer of its own.
+    pub fn copy_received(&mut self, frame: &[u8]) -> Bytes {
+        match frame.len() <= arena::SMALL {
+            true => self.arena.copy(&[frame]),
+            false => Bytes::copy_from_slice(frame),
+        }
     }
 
     /// Reports, on the next frame out, that we finished READing the peer's region for `call_id`.
@@ -327,6 +341,7 @@ impl Link {
                 buf[HEADER_LEN..].copy_from_slice(body);
                 buf.freeze()
             }
+            None if HEADER_LEN + body.len() <= arena::SMALL => self.arena.copy(&[&h, body]),
             None => {
                 let mut frame = BytesMut::with_capacity(HEADER_LEN + body.len());
                 frame.put_slice(&h);
