@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::arena;
+use crate::proto::{Payload, HEADER_LEN};
 
 /// Encoding or decoding failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,6 +64,25 @@ pub fn encode_in<T: Serialize + ?Sized>(pool: &MemPool, value: &T) -> Result<Byt
     let mut buf = pool.alloc_or_heap(size);
     write_into(value, &mut buf)?;
     Ok(buf.freeze())
+}
+
+/// Encodes a request's value into a buffer of `pool`: behind room for the frame header if it is
+/// at most `eager_limit` bytes (it goes inline: see [`crate::proto::Payload::Framed`]), else
+/// as [`encode_in`] does.
+pub(crate) fn encode_request<T: Serialize + ?Sized>(
+    pool: &MemPool,
+    value: &T,
+    eager_limit: usize,
+) -> Result<Payload, CodecError> {
+    let size = encoded_size(value)?;
+    if size > eager_limit {
+        let mut buf = pool.alloc_or_heap(size);
+        write_into(value, &mut buf)?;
+        return Ok(Payload::Bytes(buf.freeze()));
+    }
+    let mut buf = pool.alloc_or_heap(HEADER_LEN + size);
+    write_into(value, &mut buf[HEADER_LEN..])?;
+    Ok(Payload::Framed(buf))
 }
 
 fn encoded_size<T: Serialize + ?Sized>(value: &T) -> Result<usize, CodecError> {

@@ -4,13 +4,13 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{MemPool, ReadError, RegionDesc, WrId};
+use rpc_transport::{Buf, MemPool, ReadError, RegionDesc, WrId};
 
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
 use super::error::ProtoError;
 use super::header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN};
-use super::link::{Link, Op, Role};
+use super::link::{Body, Link, Op, Role};
 use super::rendezvous::AbandonedRead;
 use super::stats::ProtoStats;
 use super::wire::{
@@ -72,6 +72,34 @@ pub enum StartError {
     },
 }
 
+/// A request payload as the runtime hands it over.
+#[derive(Debug)]
+pub(crate) enum Payload {
+    /// Encoded bytes (copied behind the header of an eager request).
+    Bytes(Bytes),
+    /// Encoded behind [`HEADER_LEN`] bytes of room in a buffer of the connection's pool: an
+    /// eager request without metadata goes out as this very buffer, its header written in the
+    /// room (one buffer per request, no copy).
+    Framed(Buf),
+}
+
+impl Payload {
+    /// Encoded length.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Framed(b) => b.len().saturating_sub(HEADER_LEN),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Payload::Bytes(b) => b,
+            Payload::Framed(b) => b.freeze().slice(HEADER_LEN..),
+        }
+    }
+}
+
 /// Something the application must learn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientEvent {
@@ -105,6 +133,17 @@ struct Call {
     info: CallInfo,
     /// Opaque metadata sent with the request (empty: none), kept until the request is queued.
     metadata: Bytes,
+}
+
+/// The header of a request.
+fn request_header(call_id: u64, method: MethodId, timeout: Option<Duration>, flags: u16) -> Header {
+    let mut h = Header::new(Kind::Request);
+    h.call_id = call_id;
+    h.method_id = method;
+    h.flags = flags;
+    // Relative deadline in microseconds, at least 1 so that it is not read as "none".
+    h.arg = timeout.map_or(0, |t| (t.as_micros().min(u64::MAX as u128) as u64).max(1));
+    h
 }
 
 /// The client end's state machine. See the [module docs](super) for the calling protocol.
@@ -168,6 +207,19 @@ impl ClientProto {
         timeout: Option<Duration>,
         now: Instant,
     ) -> Result<(), StartError> {
+        self.start(call_id, method, Payload::Bytes(payload), metadata, timeout, now)
+    }
+
+    /// Like [`ClientProto::start_call_with_metadata`], with a payload in either form.
+    pub(crate) fn start(
+        &mut self,
+        call_id: u64,
+        method: MethodId,
+        payload: Payload,
+        metadata: Bytes,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<(), StartError> {
         if metadata.len() > MAX_METADATA_LEN {
             return Err(StartError::MetadataTooLarge { len: metadata.len(), max: MAX_METADATA_LEN });
         }
@@ -202,13 +254,19 @@ impl ClientProto {
         };
         if payload.len() + metadata_overhead(&metadata) <= self.link.eager_limit {
             self.link.stats.eager_sent += 1;
-            self.queue_request(call_id, method, timeout, 0, &metadata, payload);
+            match payload {
+                Payload::Framed(buf) if metadata.is_empty() => {
+                    let h = request_header(call_id, method, timeout, 0);
+                    self.link.queue_body(h, Body::Framed(buf));
+                }
+                other => self.queue_request(call_id, method, timeout, 0, &metadata, other.into_bytes()),
+            }
         } else {
             call.metadata = metadata;
             call.state = State::Registering;
             call.info.request = Path::Rendezvous;
             self.link.rdv.reserve_own(call_id, len);
-            self.link.push_op(Op::Register { call_id, data: payload });
+            self.link.push_op(Op::Register { call_id, data: payload.into_bytes() });
         }
         self.calls.insert(call_id, call);
         Ok(())
@@ -223,14 +281,9 @@ impl ClientProto {
         metadata: &[u8],
         body: Bytes,
     ) {
-        let mut h = Header::new(Kind::Request);
-        h.call_id = call_id;
-        h.method_id = method;
-        h.flags = if metadata.is_empty() { flags } else { flags | FLAG_METADATA };
-        let body = encode_request_body(metadata, body);
-        // Relative deadline in microseconds, at least 1 so that it is not read as "none".
-        h.arg = timeout.map_or(0, |t| (t.as_micros().min(u64::MAX as u128) as u64).max(1));
-        self.link.queue(h, body);
+        let flags = if metadata.is_empty() { flags } else { flags | FLAG_METADATA };
+        let h = request_header(call_id, method, timeout, flags);
+        self.link.queue(h, encode_request_body(metadata, body));
     }
 
     /// Reports the outcome of an [`Op::Register`].
@@ -440,6 +493,11 @@ impl ClientProto {
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<ClientEvent> {
         self.events.pop_front()
+    }
+
+    /// Largest payload sent inline (with no metadata) to this server.
+    pub fn eager_limit(&self) -> usize {
+        self.link.eager_limit
     }
 
     /// Calls in progress.

@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rpc_transport::{MemPool, RegionDesc, WrId};
+use rpc_transport::{Buf, MemPool, RegionDesc, WrId};
 
 use crate::arena::{self, Arena};
 
@@ -72,7 +72,16 @@ pub enum Op {
 
 struct Outgoing {
     header: Header,
-    body: Bytes,
+    body: Body,
+}
+
+/// A frame's body: bytes to copy behind the header, or a buffer that already holds the body
+/// behind [`HEADER_LEN`] bytes of room, where the header is written (the frame is the buffer
+/// itself: no copy, no second buffer).
+#[derive(Debug)]
+pub(crate) enum Body {
+    Bytes(Bytes),
+    Framed(Buf),
 }
 
 /// Which end of the connection this is.
@@ -182,6 +191,11 @@ impl Link {
 
     /// Queues a frame; it goes out as soon as credits allow.
     pub fn queue(&mut self, header: Header, body: Bytes) {
+        self.queue_body(header, Body::Bytes(body));
+    }
+
+    /// Queues a frame whose body already lies behind room for the header (see [`Body`]).
+    pub fn queue_body(&mut self, header: Header, body: Body) {
         self.tx.push_back(Outgoing { header, body });
         self.stats.queued_frames_peak = self.stats.queued_frames_peak.max(self.tx.len() as u64);
     }
@@ -276,7 +290,10 @@ impl Link {
             if !self.tx.is_empty() && self.peer_credits > 1 {
                 let Some(out) = self.tx.pop_front() else { break };
                 self.stalled_counted = self.stalled_counted.saturating_sub(1);
-                self.send(out.header, &out.body);
+                match out.body {
+                    Body::Bytes(body) => self.send(out.header, &body),
+                    Body::Framed(buf) => self.send_framed(out.header, buf),
+                }
                 continue;
             }
             // Whatever is still queued waits for credits: count each frame once.
@@ -313,23 +330,8 @@ impl Link {
         }
     }
 
-    fn send(&mut self, mut header: Header, body: &[u8]) {
-        let credits = if !self.backlogged() {
-            self.credits_to_return.min(u32::from(u16::MAX))
-        } else if self.granted == 0 {
-            // Backlogged: the peer gets one receive, enough to return credits (a credit frame)
-            // but not to send a request (a data frame needs two).
-            self.credits_to_return.min(1)
-        } else {
-            0
-        };
-        self.credits_to_return -= credits;
-        self.granted += credits;
-        header.credits = credits as u16;
-        header.done = self.pending_dones.pop_front().unwrap_or(0);
-        header.body_len = body.len() as u32;
-        let mut h = [0u8; HEADER_LEN];
-        header.encode(&mut h);
+    fn send(&mut self, header: Header, body: &[u8]) {
+        let h = self.seal(header, body.len());
         let frame = match self
             .pool
             .as_ref()
@@ -349,6 +351,38 @@ impl Link {
                 frame.freeze()
             }
         };
+        self.push_send(frame);
+    }
+
+    /// Sends a frame whose body lies in `buf` behind [`HEADER_LEN`] bytes of room.
+    fn send_framed(&mut self, header: Header, mut buf: Buf) {
+        let h = self.seal(header, buf.len().saturating_sub(HEADER_LEN));
+        buf[..HEADER_LEN].copy_from_slice(&h);
+        self.push_send(buf.freeze());
+    }
+
+    /// The header of the next frame out, with the credits it returns and a done report, encoded.
+    fn seal(&mut self, mut header: Header, body_len: usize) -> [u8; HEADER_LEN] {
+        let credits = if !self.backlogged() {
+            self.credits_to_return.min(u32::from(u16::MAX))
+        } else if self.granted == 0 {
+            // Backlogged: the peer gets one receive, enough to return credits (a credit frame)
+            // but not to send a request (a data frame needs two).
+            self.credits_to_return.min(1)
+        } else {
+            0
+        };
+        self.credits_to_return -= credits;
+        self.granted += credits;
+        header.credits = credits as u16;
+        header.done = self.pending_dones.pop_front().unwrap_or(0);
+        header.body_len = body_len as u32;
+        let mut h = [0u8; HEADER_LEN];
+        header.encode(&mut h);
+        h
+    }
+
+    fn push_send(&mut self, frame: Bytes) {
         self.peer_credits -= 1;
         self.sends_in_flight += 1;
         self.stats.frames_sent += 1;

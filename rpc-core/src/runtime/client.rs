@@ -22,14 +22,14 @@ use super::handshake;
 use super::observe::{self, MethodName};
 use crate::context::{self, MetadataError, TRACE_ID_KEY};
 use crate::error::{CallError, ConnectError, RemoteError};
-use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, StartError};
+use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, Payload, StartError};
 
 enum Command {
     /// Start call `call_id`, whose slot the caller has taken.
     Call {
         call_id: u64,
         method: MethodId,
-        payload: Bytes,
+        payload: Payload,
         metadata: Bytes,
         timeout: Option<Duration>,
     },
@@ -49,6 +49,8 @@ struct Conn {
     in_flight: Semaphore,
     /// The connection's registered memory (payloads are encoded there).
     pool: MemPool,
+    /// Largest payload the server takes inline.
+    eager_limit: usize,
 }
 
 /// Where a client's connection is: fixed for its life, or replaced by the reconnect task.
@@ -145,6 +147,13 @@ impl Client {
         self.conn().pool.clone()
     }
 
+    /// Where the generated stubs encode a request: the current connection's pool, and the
+    /// largest payload it sends inline.
+    pub(crate) fn request_memory(&self) -> (MemPool, usize) {
+        let conn = self.conn();
+        (conn.pool.clone(), conn.eager_limit)
+    }
+
     /// Whether the connection is up (a reconnecting client may be between connections).
     pub fn is_connected(&self) -> bool {
         !self.conn().commands.is_closed()
@@ -170,7 +179,7 @@ impl Client {
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
         let name = MethodName::Id(method);
-        self.call_since(tokio::time::Instant::now(), method, name, payload, opts).await
+        self.call_since(tokio::time::Instant::now(), method, name, Payload::Bytes(payload), opts).await
     }
 
     /// Calls `method` (named `name` in spans, events and metrics), the deadline counting from
@@ -181,7 +190,7 @@ impl Client {
         started: tokio::time::Instant,
         method: MethodId,
         name: MethodName,
-        payload: Bytes,
+        payload: Payload,
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
         // The span is not entered around the await (nothing logs inside it): its fields and the
@@ -308,8 +317,10 @@ async fn open(
     let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
     let (commands, rx) = mpsc::unbounded_channel();
     let slots = Arc::new(CallSlots::default());
+    let proto = ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone());
+    let eager_limit = proto.eager_limit();
     let driver = ClientDriver {
-        proto: ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone()),
+        proto,
         conn,
         commands: rx,
         slots: slots.clone(),
@@ -324,7 +335,8 @@ async fn open(
         drop(done_tx);
     };
     tokio::spawn(task.instrument(span));
-    let conn = Conn { commands, slots, in_flight: Semaphore::new(config.proto.max_in_flight as usize), pool };
+    let in_flight = Semaphore::new(config.proto.max_in_flight as usize);
+    let conn = Conn { commands, slots, in_flight, pool, eager_limit };
     Ok((Arc::new(conn), done, info.peer))
 }
 
@@ -453,9 +465,7 @@ impl ClientDriver {
         match cmd {
             Command::Call { call_id, method, payload, metadata, timeout } => {
                 let now = driver::now();
-                if let Err(e) =
-                    self.proto.start_call_with_metadata(call_id, method, payload, metadata, timeout, now)
-                {
+                if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, now) {
                     self.slots.complete(call_id, Err(start_error(e)));
                 }
             }
