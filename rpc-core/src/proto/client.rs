@@ -1,10 +1,11 @@
 //! The client end of a connection: issues calls, receives responses.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rpc_transport::{Buf, MemPool, ReadError, RegionDesc, WrId};
+use rustc_hash::FxHashMap;
 
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
@@ -149,7 +150,8 @@ fn request_header(call_id: u64, method: MethodId, timeout: Option<Duration>, fla
 /// The client end's state machine. See the [module docs](super) for the calling protocol.
 pub struct ClientProto {
     link: Link,
-    calls: HashMap<u64, Call>,
+    /// Keyed by the ids the caller chose (never the peer): a fast hash is enough.
+    calls: FxHashMap<u64, Call>,
     deadlines: DeadlineQueue,
     events: VecDeque<ClientEvent>,
     max_in_flight: u32,
@@ -167,7 +169,7 @@ impl ClientProto {
     pub fn new(config: &ProtoConfig, peer: &PeerLimits, now: Instant) -> ClientProto {
         ClientProto {
             link: Link::new(Role::Client, config, peer, now),
-            calls: HashMap::new(),
+            calls: FxHashMap::default(),
             deadlines: DeadlineQueue::default(),
             events: VecDeque::new(),
             max_in_flight: config.max_in_flight,

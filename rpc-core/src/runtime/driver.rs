@@ -211,9 +211,12 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
             fired = true;
             continue;
         }
-        if sleep.deadline() != at {
-            sleep.as_mut().reset(at);
+        if sleep.deadline() == at {
+            // Armed for this very time by an earlier round (which polled it, so it wakes this
+            // task then; only this task polls it): nothing to do until it fires.
+            return Ok(fired);
         }
+        sleep.as_mut().reset(at);
         if sleep.as_mut().poll(cx).is_pending() {
             return Ok(fired);
         }
