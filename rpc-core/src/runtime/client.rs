@@ -442,11 +442,21 @@ struct ClientDriver {
 }
 
 impl ClientDriver {
-    /// Takes commands from the handles. Returns whether any was taken.
-    fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Takes commands from the handles. Returns whether any was taken. `armed`: whether an
+    /// earlier round of this poll found the channel empty, which left this task's waker with it
+    /// (a command sent since wakes the task again), so that looking is enough.
+    fn poll_commands(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> bool {
         let mut progressed = false;
         for _ in 0..driver::COMPLETION_BATCH {
-            match self.commands.poll_recv(cx) {
+            let next = match *armed {
+                false => self.commands.poll_recv(cx),
+                true => match self.commands.try_recv() {
+                    Ok(cmd) => Poll::Ready(Some(cmd)),
+                    Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
+                    Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+                },
+            };
+            match next {
                 Poll::Ready(Some(cmd)) => {
                     progressed = true;
                     self.run_command(cmd);
@@ -455,7 +465,10 @@ impl ClientDriver {
                     self.closing = true;
                     break;
                 }
-                Poll::Pending => break,
+                Poll::Pending => {
+                    *armed = true;
+                    break;
+                }
             }
         }
         progressed
@@ -509,8 +522,8 @@ impl ClientDriver {
         self.slots.close(&fatal.to_string());
     }
 
-    fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
-        let mut progressed = self.poll_commands(cx);
+    fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> Result<bool, Fatal> {
+        let mut progressed = self.poll_commands(cx, armed);
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
         driver::post_ops(self.conn.as_mut(), &mut self.proto)?;
@@ -533,8 +546,9 @@ impl Future for ClientDriver {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         this.polls += 1;
+        let mut armed = false;
         for _ in 0..ROUNDS_PER_WAKE {
-            match this.poll_round(cx) {
+            match this.poll_round(cx, &mut armed) {
                 Err(fatal) => {
                     this.fail(&fatal);
                     return Poll::Ready(());
