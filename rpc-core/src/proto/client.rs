@@ -261,6 +261,14 @@ impl ClientProto {
                     let h = request_header(call_id, method, timeout, 0);
                     self.link.queue_body(h, Body::Framed(buf));
                 }
+                Payload::Framed(buf) => {
+                    // The metadata goes between the header and the payload: one frame buffer
+                    // with room for both, the payload copied once.
+                    let h = request_header(call_id, method, timeout, FLAG_METADATA);
+                    let body = [&(metadata.len() as u16).to_le_bytes()[..], &metadata, &buf[HEADER_LEN..]];
+                    let frame = self.link.frame_buffer(&body);
+                    self.link.queue_body(h, Body::Framed(frame));
+                }
                 other => self.queue_request(call_id, method, timeout, 0, &metadata, other.into_bytes()),
             }
         } else {

@@ -194,6 +194,22 @@ impl Link {
         self.queue_body(header, Body::Bytes(body));
     }
 
+    /// A buffer holding `parts` behind [`HEADER_LEN`] bytes of room, for [`Body::Framed`]: from the
+    /// pool if there is one.
+    pub fn frame_buffer(&self, parts: &[&[u8]]) -> Buf {
+        let len = HEADER_LEN + parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut buf = match &self.pool {
+            Some(pool) => pool.alloc_or_heap(len),
+            None => Buf::zeroed(len),
+        };
+        let mut at = HEADER_LEN;
+        for part in parts {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        buf
+    }
+
     /// Queues a frame whose body already lies behind room for the header (see [`Body`]).
     pub fn queue_body(&mut self, header: Header, body: Body) {
         self.tx.push_back(Outgoing { header, body });
