@@ -30,6 +30,9 @@ pub enum Cmd {
     Sweep(SweepArgs),
     /// rpc-core vs tarpc vs a raw TCP ping-pong on the same workloads, with ratios.
     Compare(CompareArgs),
+    /// Allocations and wake-ups (task polls) per small call, over mem and tcp in this process.
+    /// Allocations are counted when rpc-bench is built with `--features count-allocs`.
+    Counts(CountsArgs),
     /// A run of a few seconds over mem and tcp, every workload and path; fails on any error.
     Smoke(SmokeArgs),
     /// Check this machine for rdma://: devices, ports, GIDs, limits, memlock, rdma_cm; says what
@@ -191,6 +194,23 @@ pub struct CompareArgs {
     pub output: OutputArgs,
 }
 
+/// `rpc-bench counts`.
+#[derive(Debug, clap::Args)]
+pub struct CountsArgs {
+    /// Transports: `mem`, `tcp` (tcp://127.0.0.1:0), or full addresses.
+    #[arg(long, value_delimiter = ',', default_value = "mem,tcp")]
+    pub transports: Vec<String>,
+    /// Calls measured per transport.
+    #[arg(long, default_value_t = 10_000)]
+    pub calls: u64,
+    /// Warm-up calls per transport, not measured.
+    #[arg(long, default_value_t = 1_000)]
+    pub warmup: u64,
+    /// Echo payload size in bytes.
+    #[arg(long, default_value_t = 32)]
+    pub size: usize,
+}
+
 /// `rpc-bench doctor`.
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
@@ -227,7 +247,7 @@ impl Cli {
             Cmd::Run(a) => (client(a.placement.client_cpu), a.placement.threads, a.placement.busy_poll_us),
             Cmd::Sweep(a) => (client(a.placement.client_cpu), a.placement.threads, a.placement.busy_poll_us),
             Cmd::Compare(a) => (client((!a.unpinned).then_some(a.client_cpu)), 1, None),
-            Cmd::Smoke(_) | Cmd::Doctor(_) => (Affinity::Inherit, 1, None),
+            Cmd::Smoke(_) | Cmd::Doctor(_) | Cmd::Counts(_) => (Affinity::Inherit, 1, None),
         }
     }
 }

@@ -51,6 +51,12 @@ pub struct Counters {
     /// READs completed from bytes the peer pushed, without a request (tcp transport).
     #[serde(default)]
     pub reads_served_from_push: u64,
+    /// Times the connection drivers were polled (their wake-ups).
+    #[serde(default)]
+    pub driver_polls: u64,
+    /// Handler tasks spawned (server side).
+    #[serde(default)]
+    pub handlers_spawned: u64,
 }
 
 impl From<&ConnStats> for Counters {
@@ -78,6 +84,8 @@ impl From<&ConnStats> for Counters {
             reads_refused: t.reads_refused,
             regions_pushed: t.regions_pushed,
             reads_served_from_push: t.reads_served_from_push,
+            driver_polls: s.driver_polls,
+            handlers_spawned: s.handlers_spawned,
         }
     }
 }
@@ -85,7 +93,7 @@ impl From<&ConnStats> for Counters {
 impl Counters {
     /// Field-by-field sum.
     pub fn add(&mut self, o: &Counters) {
-        let pairs: [(&mut u64, u64); 21] = [
+        let pairs: [(&mut u64, u64); 23] = [
             (&mut self.calls_completed, o.calls_completed),
             (&mut self.eager_sent, o.eager_sent),
             (&mut self.rendezvous_sent, o.rendezvous_sent),
@@ -107,6 +115,8 @@ impl Counters {
             (&mut self.reads_refused, o.reads_refused),
             (&mut self.regions_pushed, o.regions_pushed),
             (&mut self.reads_served_from_push, o.reads_served_from_push),
+            (&mut self.driver_polls, o.driver_polls),
+            (&mut self.handlers_spawned, o.handlers_spawned),
         ];
         for (mine, theirs) in pairs {
             *mine += theirs;
@@ -114,7 +124,7 @@ impl Counters {
     }
 
     /// The rows printed at the end of a run: `(name, value)`.
-    pub fn rows(&self) -> [(&'static str, u64); 17] {
+    pub fn rows(&self) -> [(&'static str, u64); 19] {
         [
             ("calls completed", self.calls_completed),
             ("eager sent", self.eager_sent),
@@ -133,6 +143,8 @@ impl Counters {
             ("regions pushed", self.regions_pushed),
             ("keys revoked", self.keys_revoked),
             ("cancels", self.cancels),
+            ("driver polls", self.driver_polls),
+            ("handlers spawned", self.handlers_spawned),
         ]
     }
 }
@@ -143,10 +155,19 @@ mod tests {
 
     #[test]
     fn add_sums_every_field() {
-        let one = Counters { eager_sent: 1, credit_stalls: 2, reads_refused: 3, ..Counters::default() };
+        let one = Counters {
+            eager_sent: 1,
+            credit_stalls: 2,
+            reads_refused: 3,
+            driver_polls: 4,
+            handlers_spawned: 5,
+            ..Counters::default()
+        };
         let mut sum = one;
         sum.add(&one);
         assert_eq!(sum.eager_sent, 2);
+        assert_eq!(sum.driver_polls, 8);
+        assert_eq!(sum.handlers_spawned, 10);
         assert_eq!(sum.credit_stalls, 4);
         assert_eq!(sum.reads_refused, 6);
         assert_eq!(sum.calls_completed, 0);

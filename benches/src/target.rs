@@ -72,7 +72,8 @@ impl ProtoSettings {
 
     /// The server config for these settings (handlers bounded high: the load decides).
     pub fn server_config(&self) -> ServerConfig {
-        ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16)
+        // The benchmark service's handlers answer at once: they run in the connection's driver.
+        ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16).inline_handlers(true)
     }
 
     /// The `--flag value` arguments that give a child process the same settings.

@@ -23,6 +23,9 @@ impl std::error::Error for CodecError {
     }
 }
 
+use crate::arena;
+use crate::proto::{Payload, HEADER_LEN};
+
 fn config() -> bincode::config::Configuration {
     bincode::config::standard()
 }
@@ -49,12 +52,16 @@ pub fn current_pool() -> Option<MemPool> {
 /// Encodes a value into a buffer of exactly its encoded size (measured in a first pass, so the
 /// buffer never grows). Inside a server handler the buffer comes from the connection's
 /// registered memory pool, so the transport sends or advertises it as it is; elsewhere it is a
-/// plain heap buffer.
+/// heap buffer (for a small value, a slice of a block this thread carves small values from: no
+/// allocation of its own).
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
     match POOL.try_with(MemPool::clone) {
         Ok(pool) => encode_in(&pool, value),
         Err(_) => {
             let size = encoded_size(value)?;
+            if size <= arena::SMALL {
+                return arena::write_local(size, |buf| write_into(value, buf));
+            }
             let mut buf = vec![0u8; size];
             write_into(value, &mut buf)?;
             Ok(Bytes::from(buf))
@@ -153,6 +160,25 @@ impl bincode::enc::write::Writer for Probe<'_> {
         }
         Ok(())
     }
+}
+
+/// Encodes a request's value into a buffer of `pool`: behind room for the frame header if it is
+/// at most `eager_limit` bytes (it goes inline: see [`crate::proto::Payload::Framed`]), else
+/// as [`encode_in`] does.
+pub(crate) fn encode_request<T: Serialize + ?Sized>(
+    pool: &MemPool,
+    value: &T,
+    eager_limit: usize,
+) -> Result<Payload, CodecError> {
+    let size = encoded_size(value)?;
+    if size > eager_limit {
+        let mut buf = pool.alloc_or_heap(size);
+        write_into(value, &mut buf)?;
+        return Ok(Payload::Bytes(buf.freeze()));
+    }
+    let mut buf = pool.alloc_or_heap(HEADER_LEN + size);
+    write_into(value, &mut buf[HEADER_LEN..])?;
+    Ok(Payload::Framed(buf))
 }
 
 fn encoded_size<T: Serialize + ?Sized>(value: &T) -> Result<usize, CodecError> {

@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 
 use crate::proto::{MethodId, MAX_METADATA_LEN};
 
@@ -168,19 +168,25 @@ impl Metadata {
     }
 
     /// `count u8 | (key_len u8 | key | value_len u16 | value)*`; empty when there are no entries.
+    /// (A slice of a block this thread carves small byte strings from: no allocation of its own.)
     pub fn encode(&self) -> Bytes {
         if self.entries.is_empty() {
             return Bytes::new();
         }
-        let mut out = BytesMut::with_capacity(self.encoded_len());
-        out.put_u8(self.entries.len() as u8);
-        for (k, v) in &self.entries {
-            out.put_u8(k.len() as u8);
-            out.put_slice(k.as_bytes());
-            out.put_u16_le(v.len() as u16);
-            out.put_slice(v.as_bytes());
+        let written = crate::arena::write_local(self.encoded_len(), |mut out: &mut [u8]| {
+            out.put_u8(self.entries.len() as u8);
+            for (k, v) in &self.entries {
+                out.put_u8(k.len() as u8);
+                out.put_slice(k.as_bytes());
+                out.put_u16_le(v.len() as u16);
+                out.put_slice(v.as_bytes());
+            }
+            Ok::<(), std::convert::Infallible>(())
+        });
+        match written {
+            Ok(bytes) => bytes,
+            Err(never) => match never {},
         }
-        out.freeze()
     }
 
     /// Decodes what [`Metadata::encode`] wrote, with the same limits as [`Metadata::insert`].

@@ -83,7 +83,10 @@ where
     Resp: DeserializeOwned,
 {
     let started = tokio::time::Instant::now();
-    let payload = crate::codec::encode_in(&client.pool(), args)
+    // An eager request is encoded behind room for the frame header and goes out as this very
+    // buffer.
+    let (pool, eager_limit) = client.request_memory();
+    let payload = crate::codec::encode_request(&pool, args, eager_limit)
         .map_err(|e| CallError::Codec(Detail::caused_by("encoding arguments", e)))?;
     let (response, _) = client
         .call_since(started, method, MethodName::Stub(name), payload, opts)

@@ -80,4 +80,25 @@ over_all_transports! {
         let fast = s.client.with_options(CallOptions::new().deadline(Duration::from_secs(20)));
         assert_eq!(fast.slow(1).await.unwrap(), 1);
     }
+
+    async fn driver_polls_and_handler_spawns_are_counted(kind: Kind) {
+        let s = setup(kind).await;
+        s.client.echo(pattern(32, 1)).await.expect("first call");
+        let client0 = s.client.client().stats().await.unwrap();
+        common::eventually("the server published its first call", || s.server.stats().calls_in_flight == 0
+            && s.server.stats().proto.calls_completed == 1).await;
+        let server0 = s.server.stats();
+        for i in 0..10u8 {
+            s.client.echo(pattern(32, i)).await.expect("call");
+        }
+        let client1 = s.client.client().stats().await.unwrap();
+        common::eventually("the server published the 10 calls", || s.server.stats().proto.calls_completed == 11).await;
+        let server1 = s.server.stats();
+        // Both drivers were woken for the calls (how often depends on timing across threads).
+        assert!(client1.driver_polls > client0.driver_polls, "client driver polls: {client0:?} -> {client1:?}");
+        assert!(server1.driver_polls > server0.driver_polls, "server driver polls: {server0:?} -> {server1:?}");
+        // Every call's handler runs in a task of its own.
+        assert_eq!(server1.handlers_spawned - server0.handlers_spawned, 10, "handler spawns");
+        assert_eq!(client1.handlers_spawned, 0, "a client spawns no handler");
+    }
 }

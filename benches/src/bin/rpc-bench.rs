@@ -6,6 +6,11 @@ use benches::cli::{Affinity, Cli};
 use benches::env::{pin_to, runtime, unpin, BUSY_POLL_ENV};
 use clap::Parser;
 
+/// With `count-allocs`, allocations are counted (for `rpc-bench counts`).
+#[cfg(feature = "count-allocs")]
+#[global_allocator]
+static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -1,6 +1,7 @@
 //! The subcommands of `rpc-bench`.
 
 mod compare;
+mod counts;
 mod doctor;
 mod exec;
 mod plan;
@@ -37,6 +38,7 @@ pub async fn dispatch(cli: Cli) -> Result<(), BenchError> {
             finish(&a.output, "sweep", env, execute(&groups, &a.placement, &a.proto).await?)
         }
         Cmd::Compare(a) => compare::compare(a).await,
+        Cmd::Counts(a) => counts::counts(a).await,
         Cmd::Smoke(a) => smoke::smoke(a).await,
         Cmd::Doctor(a) => doctor::doctor(a),
     }

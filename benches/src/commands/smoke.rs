@@ -88,6 +88,7 @@ fn check(report: &Report) -> (usize, Vec<String>) {
             expect(c.recv_unexpected == 0, format!("{name}: {} receives unexpected", c.recv_unexpected));
             expect(c.reads_refused == 0, format!("{name}: {} READs refused", c.reads_refused));
             expect(c.rendezvous_sent > 0, format!("{name}: no rendezvous payload sent"));
+            expect(c.driver_polls > 0, format!("{name}: driver polls not counted"));
             expect(
                 c.regions_registered == c.keys_revoked,
                 format!("{name}: {} regions, {} revoked", c.regions_registered, c.keys_revoked),

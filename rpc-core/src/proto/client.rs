@@ -1,16 +1,17 @@
 //! The client end of a connection: issues calls, receives responses.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{Detail, MemPool, ReadError, RegionDesc, WrId};
+use rpc_transport::{Buf, Detail, MemPool, ReadError, RegionDesc, WrId};
+use rustc_hash::FxHashMap;
 
 use super::config::{PeerLimits, ProtoConfig};
 use super::deadlines::DeadlineQueue;
 use super::error::ProtoError;
 use super::header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN};
-use super::link::{Link, Op, Role};
+use super::link::{Body, Link, Op, Role};
 use super::rendezvous::AbandonedRead;
 use super::stats::ProtoStats;
 use super::wire::{
@@ -72,6 +73,34 @@ pub enum StartError {
     },
 }
 
+/// A request payload as the runtime hands it over.
+#[derive(Debug)]
+pub(crate) enum Payload {
+    /// Encoded bytes (copied behind the header of an eager request).
+    Bytes(Bytes),
+    /// Encoded behind [`HEADER_LEN`] bytes of room in a buffer of the connection's pool: an
+    /// eager request without metadata goes out as this very buffer, its header written in the
+    /// room (one buffer per request, no copy).
+    Framed(Buf),
+}
+
+impl Payload {
+    /// Encoded length.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Framed(b) => b.len().saturating_sub(HEADER_LEN),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Payload::Bytes(b) => b,
+            Payload::Framed(b) => b.freeze().slice(HEADER_LEN..),
+        }
+    }
+}
+
 /// Something the application must learn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientEvent {
@@ -107,10 +136,22 @@ struct Call {
     metadata: Bytes,
 }
 
+/// The header of a request.
+fn request_header(call_id: u64, method: MethodId, timeout: Option<Duration>, flags: u16) -> Header {
+    let mut h = Header::new(Kind::Request);
+    h.call_id = call_id;
+    h.method_id = method;
+    h.flags = flags;
+    // Relative deadline in microseconds, at least 1 so that it is not read as "none".
+    h.arg = timeout.map_or(0, |t| (t.as_micros().min(u64::MAX as u128) as u64).max(1));
+    h
+}
+
 /// The client end's state machine. See the [module docs](super) for the calling protocol.
 pub struct ClientProto {
     link: Link,
-    calls: HashMap<u64, Call>,
+    /// Keyed by the ids the caller chose (never the peer): a fast hash is enough.
+    calls: FxHashMap<u64, Call>,
     deadlines: DeadlineQueue,
     events: VecDeque<ClientEvent>,
     max_in_flight: u32,
@@ -128,7 +169,7 @@ impl ClientProto {
     pub fn new(config: &ProtoConfig, peer: &PeerLimits, now: Instant) -> ClientProto {
         ClientProto {
             link: Link::new(Role::Client, config, peer, now),
-            calls: HashMap::new(),
+            calls: FxHashMap::default(),
             deadlines: DeadlineQueue::default(),
             events: VecDeque::new(),
             max_in_flight: config.max_in_flight,
@@ -168,6 +209,19 @@ impl ClientProto {
         timeout: Option<Duration>,
         now: Instant,
     ) -> Result<(), StartError> {
+        self.start(call_id, method, Payload::Bytes(payload), metadata, timeout, now)
+    }
+
+    /// Like [`ClientProto::start_call_with_metadata`], with a payload in either form.
+    pub(crate) fn start(
+        &mut self,
+        call_id: u64,
+        method: MethodId,
+        payload: Payload,
+        metadata: Bytes,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<(), StartError> {
         if metadata.len() > MAX_METADATA_LEN {
             return Err(StartError::MetadataTooLarge { len: metadata.len(), max: MAX_METADATA_LEN });
         }
@@ -202,13 +256,27 @@ impl ClientProto {
         };
         if payload.len() + metadata_overhead(&metadata) <= self.link.eager_limit {
             self.link.stats.eager_sent += 1;
-            self.queue_request(call_id, method, timeout, 0, &metadata, payload);
+            match payload {
+                Payload::Framed(buf) if metadata.is_empty() => {
+                    let h = request_header(call_id, method, timeout, 0);
+                    self.link.queue_body(h, Body::Framed(buf));
+                }
+                Payload::Framed(buf) => {
+                    // The metadata goes between the header and the payload: one frame buffer
+                    // with room for both, the payload copied once.
+                    let h = request_header(call_id, method, timeout, FLAG_METADATA);
+                    let body = [&(metadata.len() as u16).to_le_bytes()[..], &metadata, &buf[HEADER_LEN..]];
+                    let frame = self.link.frame_buffer(&body);
+                    self.link.queue_body(h, Body::Framed(frame));
+                }
+                other => self.queue_request(call_id, method, timeout, 0, &metadata, other.into_bytes()),
+            }
         } else {
             call.metadata = metadata;
             call.state = State::Registering;
             call.info.request = Path::Rendezvous;
             self.link.rdv.reserve_own(call_id, len);
-            self.link.push_op(Op::Register { call_id, data: payload });
+            self.link.push_op(Op::Register { call_id, data: payload.into_bytes() });
         }
         self.calls.insert(call_id, call);
         Ok(())
@@ -223,14 +291,9 @@ impl ClientProto {
         metadata: &[u8],
         body: Bytes,
     ) {
-        let mut h = Header::new(Kind::Request);
-        h.call_id = call_id;
-        h.method_id = method;
-        h.flags = if metadata.is_empty() { flags } else { flags | FLAG_METADATA };
-        let body = encode_request_body(metadata, body);
-        // Relative deadline in microseconds, at least 1 so that it is not read as "none".
-        h.arg = timeout.map_or(0, |t| (t.as_micros().min(u64::MAX as u128) as u64).max(1));
-        self.link.queue(h, body);
+        let flags = if metadata.is_empty() { flags } else { flags | FLAG_METADATA };
+        let h = request_header(call_id, method, timeout, flags);
+        self.link.queue(h, encode_request_body(metadata, body));
     }
 
     /// Reports the outcome of an [`Op::Register`].
@@ -266,7 +329,8 @@ impl ClientProto {
     /// call [`ClientProto::fail_all`].
     /// Copies the frame; [`ClientProto::handle_recv_bytes`] does not.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        self.handle_recv_bytes(Bytes::copy_from_slice(frame), now)
+        let frame = self.link.copy_received(frame);
+        self.handle_recv_bytes(frame, now)
     }
 
     /// Handles one received frame at time `now`; an eager response's payload is a slice of
@@ -440,6 +504,11 @@ impl ClientProto {
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<ClientEvent> {
         self.events.pop_front()
+    }
+
+    /// Largest payload sent inline (with no metadata) to this server.
+    pub fn eager_limit(&self) -> usize {
+        self.link.eager_limit
     }
 
     /// Calls in progress.

@@ -25,7 +25,9 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rpc_transport::{MemPool, RegionDesc, WrId};
+use rpc_transport::{Buf, MemPool, RegionDesc, WrId};
+
+use crate::arena::{self, Arena};
 
 use super::budget::Budget;
 use super::config::{PeerLimits, ProtoConfig};
@@ -70,7 +72,16 @@ pub enum Op {
 
 struct Outgoing {
     header: Header,
-    body: Bytes,
+    body: Body,
+}
+
+/// A frame's body: bytes to copy behind the header, or a buffer that already holds the body
+/// behind [`HEADER_LEN`] bytes of room, where the header is written (the frame is the buffer
+/// itself: no copy, no second buffer).
+#[derive(Debug)]
+pub(crate) enum Body {
+    Bytes(Bytes),
+    Framed(Buf),
 }
 
 /// Which end of the connection this is.
@@ -110,8 +121,11 @@ pub(crate) struct Link {
     pub max_read_size: u64,
     pub live: Liveness,
     pub rdv: Rendezvous,
-    /// Where frames are assembled (the connection's registered memory), if given.
+    /// Where frames with a body are assembled (the connection's registered memory), if given.
     pub pool: Option<MemPool>,
+    /// Where header-only frames (and any frame when there is no pool) are assembled, and received
+    /// frames copied by [`Link::copy_received`], when they are small.
+    pub arena: Arena,
     pub stats: ProtoStats,
 }
 
@@ -149,6 +163,7 @@ impl Link {
             ),
             stats: ProtoStats::default(),
             pool: None,
+            arena: Arena::default(),
         }
     }
 
@@ -176,8 +191,37 @@ impl Link {
 
     /// Queues a frame; it goes out as soon as credits allow.
     pub fn queue(&mut self, header: Header, body: Bytes) {
+        self.queue_body(header, Body::Bytes(body));
+    }
+
+    /// A buffer holding `parts` behind [`HEADER_LEN`] bytes of room, for [`Body::Framed`]: from the
+    /// pool if there is one.
+    pub fn frame_buffer(&self, parts: &[&[u8]]) -> Buf {
+        let len = HEADER_LEN + parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut buf = match &self.pool {
+            Some(pool) => pool.alloc_or_heap(len),
+            None => Buf::zeroed(len),
+        };
+        let mut at = HEADER_LEN;
+        for part in parts {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        buf
+    }
+
+    /// Queues a frame whose body already lies behind room for the header (see [`Body`]).
+    pub fn queue_body(&mut self, header: Header, body: Body) {
         self.tx.push_back(Outgoing { header, body });
         self.stats.queued_frames_peak = self.stats.queued_frames_peak.max(self.tx.len() as u64);
+    }
+
+    /// A received frame, copied: into the arena if it is small, else a buffer of its own.
+    pub fn copy_received(&mut self, frame: &[u8]) -> Bytes {
+        match frame.len() <= arena::SMALL {
+            true => self.arena.copy(&[frame]),
+            false => Bytes::copy_from_slice(frame),
+        }
     }
 
     /// Reports, on the next frame out, that we finished READing the peer's region for `call_id`.
@@ -262,7 +306,10 @@ impl Link {
             if !self.tx.is_empty() && self.peer_credits > 1 {
                 let Some(out) = self.tx.pop_front() else { break };
                 self.stalled_counted = self.stalled_counted.saturating_sub(1);
-                self.send(out.header, &out.body);
+                match out.body {
+                    Body::Bytes(body) => self.send(out.header, &body),
+                    Body::Framed(buf) => self.send_framed(out.header, buf),
+                }
                 continue;
             }
             // Whatever is still queued waits for credits: count each frame once.
@@ -299,7 +346,39 @@ impl Link {
         }
     }
 
-    fn send(&mut self, mut header: Header, body: &[u8]) {
+    fn send(&mut self, header: Header, body: &[u8]) {
+        let h = self.seal(header, body.len());
+        let frame = match self
+            .pool
+            .as_ref()
+            .filter(|_| !body.is_empty())
+            .and_then(|p| p.alloc(HEADER_LEN + body.len()).ok())
+        {
+            Some(mut buf) => {
+                buf[..HEADER_LEN].copy_from_slice(&h);
+                buf[HEADER_LEN..].copy_from_slice(body);
+                buf.freeze()
+            }
+            None if HEADER_LEN + body.len() <= arena::SMALL => self.arena.copy(&[&h, body]),
+            None => {
+                let mut frame = BytesMut::with_capacity(HEADER_LEN + body.len());
+                frame.put_slice(&h);
+                frame.put_slice(body);
+                frame.freeze()
+            }
+        };
+        self.push_send(frame);
+    }
+
+    /// Sends a frame whose body lies in `buf` behind [`HEADER_LEN`] bytes of room.
+    fn send_framed(&mut self, header: Header, mut buf: Buf) {
+        let h = self.seal(header, buf.len().saturating_sub(HEADER_LEN));
+        buf[..HEADER_LEN].copy_from_slice(&h);
+        self.push_send(buf.freeze());
+    }
+
+    /// The header of the next frame out, with the credits it returns and a done report, encoded.
+    fn seal(&mut self, mut header: Header, body_len: usize) -> [u8; HEADER_LEN] {
         let credits = if !self.backlogged() {
             self.credits_to_return.min(u32::from(u16::MAX))
         } else if self.granted == 0 {
@@ -313,27 +392,13 @@ impl Link {
         self.granted += credits;
         header.credits = credits as u16;
         header.done = self.pending_dones.pop_front().unwrap_or(0);
-        header.body_len = body.len() as u32;
+        header.body_len = body_len as u32;
         let mut h = [0u8; HEADER_LEN];
         header.encode(&mut h);
-        let frame = match self
-            .pool
-            .as_ref()
-            .filter(|_| !body.is_empty())
-            .and_then(|p| p.alloc(HEADER_LEN + body.len()).ok())
-        {
-            Some(mut buf) => {
-                buf[..HEADER_LEN].copy_from_slice(&h);
-                buf[HEADER_LEN..].copy_from_slice(body);
-                buf.freeze()
-            }
-            None => {
-                let mut frame = BytesMut::with_capacity(HEADER_LEN + body.len());
-                frame.put_slice(&h);
-                frame.put_slice(body);
-                frame.freeze()
-            }
-        };
+        h
+    }
+
+    fn push_send(&mut self, frame: Bytes) {
         self.peer_credits -= 1;
         self.sends_in_flight += 1;
         self.stats.frames_sent += 1;

@@ -38,6 +38,7 @@ mod wire;
 mod tests;
 
 pub use budget::SharedBudget;
+pub(crate) use client::Payload;
 pub use client::{CallFailure, ClientEvent, ClientProto, StartError};
 pub use config::{Hello, PeerLimits, ProtoConfig};
 pub use error::ProtoError;

@@ -138,7 +138,8 @@ impl ServerProto {
     /// Handles one received frame at time `now`. An error is fatal: close the connection.
     /// Copies the frame; [`ServerProto::handle_recv_bytes`] does not.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        self.handle_recv_bytes(Bytes::copy_from_slice(frame), now)
+        let frame = self.link.copy_received(frame);
+        self.handle_recv_bytes(frame, now)
     }
 
     /// Handles one received frame at time `now`; an eager request's payload is a slice of

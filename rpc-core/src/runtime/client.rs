@@ -1,11 +1,9 @@
 //! The client: a cloneable handle to one connection, driven by its own task; optionally
 //! reconnecting (with backoff) when the connection is lost.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,24 +14,23 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tracing::field::Empty;
 use tracing::Instrument;
 
+use super::call_slots::{CallResult, CallSlots};
 use super::config::{CallOptions, ClientConfig, Reconnect};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
 use super::observe::{self, MethodName};
 use crate::context::{self, MetadataError, TRACE_ID_KEY};
 use crate::error::{CallError, ConnectError, RemoteError};
-use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, StartError};
-
-type Reply = oneshot::Sender<Result<(Bytes, CallInfo), CallError>>;
+use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, Payload, StartError};
 
 enum Command {
+    /// Start call `call_id`, whose slot the caller has taken.
     Call {
         call_id: u64,
         method: MethodId,
-        payload: Bytes,
+        payload: Payload,
         metadata: Bytes,
         timeout: Option<Duration>,
-        reply: Reply,
     },
     Cancel {
         call_id: u64,
@@ -43,13 +40,16 @@ enum Command {
     },
 }
 
-/// One connection: the channel to its driver and its call-id and in-flight accounting.
+/// One connection: the channel to its driver, the slots of its calls and its in-flight bound.
 struct Conn {
     commands: mpsc::UnboundedSender<Command>,
-    next_call_id: AtomicU64,
+    /// Shared with the driver, which delivers each result into its call's slot.
+    slots: Arc<CallSlots>,
     in_flight: Semaphore,
     /// The connection's registered memory (payloads are encoded there).
     pool: MemPool,
+    /// Largest payload the server takes inline.
+    eager_limit: usize,
 }
 
 /// Where a client's connection is: fixed for its life, or replaced by the reconnect task.
@@ -146,6 +146,13 @@ impl Client {
         self.conn().pool.clone()
     }
 
+    /// Where the generated stubs encode a request: the current connection's pool, and the
+    /// largest payload it sends inline.
+    pub(crate) fn request_memory(&self) -> (MemPool, usize) {
+        let conn = self.conn();
+        (conn.pool.clone(), conn.eager_limit)
+    }
+
     /// Whether the connection is up (a reconnecting client may be between connections).
     pub fn is_connected(&self) -> bool {
         !self.conn().commands.is_closed()
@@ -171,7 +178,7 @@ impl Client {
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
         let name = MethodName::Id(method);
-        self.call_since(tokio::time::Instant::now(), method, name, payload, opts).await
+        self.call_since(tokio::time::Instant::now(), method, name, Payload::Bytes(payload), opts).await
     }
 
     /// Calls `method` (named `name` in spans, events and metrics), the deadline counting from
@@ -182,7 +189,7 @@ impl Client {
         started: tokio::time::Instant,
         method: MethodId,
         name: MethodName,
-        payload: Bytes,
+        payload: Payload,
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
         // The span is not entered around the await (nothing logs inside it): its fields and the
@@ -220,17 +227,17 @@ impl Client {
             if remaining == Some(Duration::ZERO) {
                 break 'call Err(CallError::DeadlineExceeded);
             }
-            let call_id = conn.next_call_id.fetch_add(1, Ordering::Relaxed);
+            let Some(call_id) = conn.slots.open() else { break 'call Err(self.not_connected()) };
             finish.span.record("call_id", call_id);
-            let (reply, response) = oneshot::channel();
-            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining, reply };
+            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining };
             if conn.commands.send(command).is_err() {
+                conn.slots.abandon(call_id);
                 break 'call Err(self.not_connected());
             }
-            let guard = CancelOnDrop { call_id, commands: &conn.commands, armed: true };
-            let result = response.await;
+            let guard = CancelOnDrop { call_id, conn: &conn, armed: true };
+            let result = std::future::poll_fn(|cx| conn.slots.poll_result(call_id, cx)).await;
             guard.disarm();
-            result.unwrap_or_else(|_| Err(CallError::Disconnected("connection driver stopped".into())))
+            result
         };
         finish.report(&result);
         result
@@ -308,14 +315,18 @@ async fn open(
     let pool = conn.pool().clone();
     let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
     let (commands, rx) = mpsc::unbounded_channel();
+    let slots = Arc::new(CallSlots::default());
+    let proto = ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone());
+    let eager_limit = proto.eager_limit();
     let driver = ClientDriver {
-        proto: ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone()),
+        proto,
         conn,
         commands: rx,
-        pending: HashMap::new(),
+        slots: slots.clone(),
         scratch: driver::Scratch::new(),
         sleep: driver::Timer::new(),
         closing: false,
+        polls: 0,
     };
     let (done_tx, done) = oneshot::channel::<()>();
     let task = async move {
@@ -323,12 +334,8 @@ async fn open(
         drop(done_tx);
     };
     tokio::spawn(task.instrument(span));
-    let conn = Conn {
-        commands,
-        next_call_id: AtomicU64::new(1),
-        in_flight: Semaphore::new(config.proto.max_in_flight as usize),
-        pool,
-    };
+    let in_flight = Semaphore::new(config.proto.max_in_flight as usize);
+    let conn = Conn { commands, slots, in_flight, pool, eager_limit };
     Ok((Arc::new(conn), done, info.peer))
 }
 
@@ -371,11 +378,12 @@ async fn reconnect(
     }
 }
 
-/// Sends a cancel for a call whose future is dropped before its response arrives. Sending on an
-/// unbounded channel never blocks and spawns nothing.
+/// Gives back the slot of a call whose future is dropped before it took its result, and sends a
+/// cancel if the call was still in progress. Sending on an unbounded channel never blocks and
+/// spawns nothing.
 struct CancelOnDrop<'a> {
     call_id: u64,
-    commands: &'a mpsc::UnboundedSender<Command>,
+    conn: &'a Conn,
     armed: bool,
 }
 
@@ -387,8 +395,8 @@ impl CancelOnDrop<'_> {
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = self.commands.send(Command::Cancel { call_id: self.call_id });
+        if self.armed && self.conn.slots.abandon(self.call_id) {
+            let _ = self.conn.commands.send(Command::Cancel { call_id: self.call_id });
         }
     }
 }
@@ -404,7 +412,7 @@ struct Finish {
 }
 
 impl Finish {
-    fn report(&mut self, result: &Result<(Bytes, CallInfo), CallError>) {
+    fn report(&mut self, result: &CallResult) {
         self.reported = true;
         observe::client_call_done(&self.span, self.name, self.request_bytes, self.started.elapsed(), result);
     }
@@ -423,18 +431,31 @@ struct ClientDriver {
     proto: ClientProto,
     conn: Box<dyn Connection>,
     commands: mpsc::UnboundedReceiver<Command>,
-    pending: HashMap<u64, Reply>,
+    /// Where results go: the slot of each call (the proto knows which calls are in progress).
+    slots: Arc<CallSlots>,
     scratch: driver::Scratch,
     sleep: driver::Timer,
     closing: bool,
+    /// Times this driver was polled (for [`ConnStats`]).
+    polls: u64,
 }
 
 impl ClientDriver {
-    /// Takes commands from the handles. Returns whether any was taken.
-    fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Takes commands from the handles. Returns whether any was taken. `armed`: whether an
+    /// earlier round of this poll found the channel empty, which left this task's waker with it
+    /// (a command sent since wakes the task again), so that looking is enough.
+    fn poll_commands(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> bool {
         let mut progressed = false;
         for _ in 0..driver::COMPLETION_BATCH {
-            match self.commands.poll_recv(cx) {
+            let next = match *armed {
+                false => self.commands.poll_recv(cx),
+                true => match self.commands.try_recv() {
+                    Ok(cmd) => Poll::Ready(Some(cmd)),
+                    Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
+                    Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+                },
+            };
+            match next {
                 Poll::Ready(Some(cmd)) => {
                     progressed = true;
                     self.run_command(cmd);
@@ -443,7 +464,10 @@ impl ClientDriver {
                     self.closing = true;
                     break;
                 }
-                Poll::Pending => break,
+                Poll::Pending => {
+                    *armed = true;
+                    break;
+                }
             }
         }
         progressed
@@ -451,20 +475,14 @@ impl ClientDriver {
 
     fn run_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Call { call_id, method, payload, metadata, timeout, reply } => {
+            Command::Call { call_id, method, payload, metadata, timeout } => {
                 let now = driver::now();
-                match self.proto.start_call_with_metadata(call_id, method, payload, metadata, timeout, now) {
-                    Ok(()) => {
-                        self.pending.insert(call_id, reply);
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(start_error(e)));
-                    }
+                if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, now) {
+                    self.slots.complete(call_id, Err(start_error(e)));
                 }
             }
             Command::Cancel { call_id } => {
-                if self.pending.remove(&call_id).is_some() {
-                    self.proto.cancel(call_id);
+                if self.proto.cancel(call_id) {
                     tracing::debug!(call_id, "call cancelled by the caller");
                 }
             }
@@ -473,6 +491,8 @@ impl ClientDriver {
                     proto: self.proto.stats(),
                     transport: self.conn.counters(),
                     calls_in_flight: self.proto.calls_in_flight(),
+                    driver_polls: self.polls,
+                    handlers_spawned: 0,
                 });
             }
         }
@@ -480,31 +500,30 @@ impl ClientDriver {
 
     fn deliver_events(&mut self) {
         while let Some(ClientEvent::Completed { call_id, result, info }) = self.proto.poll_event() {
-            if let Some(reply) = self.pending.remove(&call_id) {
-                let _ = reply.send(result.map(|b| (b, info)).map_err(call_error));
-            }
+            // A caller that has gone (its cancel not yet taken) gets nothing.
+            self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error));
         }
     }
 
     fn fail(&mut self, fatal: Fatal) {
         // The server closing an idle connection (its graceful shutdown does that) is no failure.
-        if matches!(fatal, Fatal::Transport(TransportError::Disconnected(_))) && self.pending.is_empty() {
+        let calls = self.proto.calls_in_flight();
+        if matches!(fatal, Fatal::Transport(TransportError::Disconnected(_))) && calls == 0 {
             tracing::debug!(reason = %fatal, "connection closed by the peer");
         } else {
-            tracing::warn!(error = %fatal, calls = self.pending.len(), "connection failed");
+            tracing::warn!(error = %fatal, calls, "connection failed");
         }
         self.conn.close();
         let reason = fatal.into_detail();
         self.proto.fail_all(reason.clone());
         driver::revoke_after_close(self.conn.as_mut(), &mut self.proto);
         self.deliver_events();
-        for (_, reply) in self.pending.drain() {
-            let _ = reply.send(Err(CallError::Disconnected(reason.clone())));
-        }
+        // Calls whose command was not taken yet fail the same way.
+        self.slots.close(reason);
     }
 
-    fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
-        let mut progressed = self.poll_commands(cx);
+    fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> Result<bool, Fatal> {
+        let mut progressed = self.poll_commands(cx, armed);
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
         driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
@@ -513,20 +532,30 @@ impl ClientDriver {
     }
 }
 
+impl Drop for ClientDriver {
+    /// However the driver ends (failed, closed, or dropped with its runtime), a call still
+    /// waiting fails rather than waits forever, and no call starts on this connection any more.
+    fn drop(&mut self) {
+        self.slots.close("connection driver stopped".into());
+    }
+}
+
 impl Future for ClientDriver {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
+        this.polls += 1;
+        let mut armed = false;
         for _ in 0..ROUNDS_PER_WAKE {
-            match this.poll_round(cx) {
+            match this.poll_round(cx, &mut armed) {
                 Err(fatal) => {
                     this.fail(fatal);
                     return Poll::Ready(());
                 }
                 // The last handle is gone: close once the cancels and done reports are out and
                 // the server has reported our regions READ (bounded by the done timeout).
-                Ok(_) if this.closing && this.pending.is_empty() && this.proto.is_idle() => {
+                Ok(_) if this.closing && this.proto.is_idle() => {
                     tracing::debug!("last client handle dropped; closing");
                     this.conn.close();
                     return Poll::Ready(());

@@ -139,14 +139,19 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// The verbs backend's settings for `rdma://` addresses (see [`ClientConfig::rdma`]).
     pub rdma: rpc_transport::RdmaSettings,
-    /// Run each handler's first poll in the connection's driver. Default `true`. A handler that
-    /// finishes without waiting (most small ones) is then answered at once: no task spawned, no
-    /// channel, no extra wake-up; one that waits is moved to a task of its own and carries on
-    /// there. The trade-off: a handler that computes for long before its first `.await`
-    /// delays the other calls of its connection (their frames, their handlers) by that long;
-    /// turn this off for such services (or have them `spawn_blocking` the work). Either way a
-    /// handler holds its slot of [`ServerConfig::max_concurrent_handlers`] while it runs, and a
-    /// panic is answered as a `Handler` error.
+    /// Run each handler's first poll in the connection's driver. Default `false` (every
+    /// handler runs in a task of its own, as in tarpc and tonic). When on, a handler that
+    /// finishes without waiting (most small ones) is answered at once: no task spawned, no
+    /// channel, no extra wake-up (about a quarter of a small call's instructions, see
+    /// BENCHMARKS.md); one that waits is moved to a task of its own and carries on there. The
+    /// cost: a handler that computes for long before its first `.await` stalls its whole
+    /// connection by that long, its other calls and its keepalive answers included (a client
+    /// declares the connection dead after [`ProtoConfig::idle_timeout`] of silence). Turn it on
+    /// for services whose handlers answer quickly or `spawn_blocking` their heavy work; it is off
+    /// by default because one slow handler (a 64 MiB response built in place, under emulation)
+    /// was enough to stall a connection past its idle timeout. Either way a handler holds its
+    /// slot of [`ServerConfig::max_concurrent_handlers`] while it runs, and a panic is answered
+    /// as a `Handler` error.
     pub inline_handlers: bool,
 }
 
@@ -163,7 +168,7 @@ impl Default for ServerConfig {
             max_pending_handshakes: 64,
             shutdown_timeout: Duration::from_secs(30),
             rdma: rpc_transport::RdmaSettings::default(),
-            inline_handlers: true,
+            inline_handlers: false,
         }
     }
 }

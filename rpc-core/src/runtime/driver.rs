@@ -33,6 +33,11 @@ pub struct ConnStats {
     pub transport: TransportCounters,
     /// Calls in progress.
     pub calls_in_flight: usize,
+    /// Times the connection's driver task was polled since it started: its wake-ups (a poll
+    /// that runs several rounds of work counts once).
+    pub driver_polls: u64,
+    /// Handler tasks the connection's driver spawned (a server's; 0 on a client).
+    pub handlers_spawned: u64,
 }
 
 impl ConnStats {
@@ -42,6 +47,8 @@ impl ConnStats {
             proto: self.proto.merged(&other.proto),
             transport: self.transport.merged(&other.transport),
             calls_in_flight: self.calls_in_flight + other.calls_in_flight,
+            driver_polls: self.driver_polls + other.driver_polls,
+            handlers_spawned: self.handlers_spawned + other.handlers_spawned,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! of the connection and its state machine, so the hot path takes no locks), client handles that
 //! talk to it over a channel, and a server that runs handlers concurrently.
 
+mod call_slots;
 mod client;
 mod config;
 mod driver;

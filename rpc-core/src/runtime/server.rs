@@ -291,6 +291,7 @@ impl Acceptor {
             shutdown: shutdown_signal(self.shutdown.clone()),
             draining: false,
             stats_slot: self.board.slot(),
+            polls: 0,
         };
         connections.spawn(driver.instrument(span));
     }
@@ -406,6 +407,8 @@ struct ServerDriver {
     /// This connection's own slot of the server's board: publishing never contends with
     /// other connections.
     stats_slot: StatsSlot,
+    /// Times this driver was polled, and handler tasks it spawned (for [`ConnStats`]).
+    polls: u64,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -654,6 +657,8 @@ impl ServerDriver {
             proto,
             transport: self.conn.counters(),
             calls_in_flight: self.proto.calls_in_flight(),
+            driver_polls: self.polls,
+            handlers_spawned: self.handlers_spawned,
         };
         self.stats_slot.publish(stats);
     }
@@ -677,6 +682,7 @@ impl Future for ServerDriver {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
+        this.polls += 1;
         for _ in 0..ROUNDS_PER_WAKE {
             match this.poll_round(cx) {
                 Err(Fatal::Transport(e)) => {

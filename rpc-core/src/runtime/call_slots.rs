@@ -1,0 +1,233 @@
+//! The calls in progress on one client connection, shared by the callers and the connection's
+//! driver: a slab of slots, each holding the waiting caller's waker and then its result. A call
+//! takes a slot when it starts and gives it back when it ends, so in steady state a call
+//! allocates nothing here (the slab grows to the most calls ever in flight at once, which the
+//! client's in-flight semaphore bounds, and stays).
+//!
+//! The slot's key travels in the call id: the low 32 bits are `key + 1` (never 0), the high 32
+//! bits a sequence number, so an id names one call even after its slot is reused.
+
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use slab::Slab;
+
+use crate::error::CallError;
+use crate::proto::CallInfo;
+use rpc_transport::Detail;
+
+/// What a call returns: the response and the paths it took, or why it failed.
+pub(crate) type CallResult = Result<(Bytes, CallInfo), CallError>;
+
+enum Slot {
+    /// In progress; the waker of the task awaiting it, once it has polled.
+    Waiting { call_id: u64, waker: Option<Waker> },
+    /// The driver delivered the result; the caller has not taken it yet.
+    Done { call_id: u64, result: CallResult },
+}
+
+impl Slot {
+    fn call_id(&self) -> u64 {
+        match self {
+            Slot::Waiting { call_id, .. } | Slot::Done { call_id, .. } => *call_id,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    slots: Slab<Slot>,
+    /// The high half of the next call id.
+    seq: u32,
+    /// The driver has stopped: no call starts any more.
+    closed: bool,
+}
+
+/// The slots of one connection's calls.
+#[derive(Default)]
+pub(crate) struct CallSlots {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for CallSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallSlots").field("calls", &self.lock().slots.len()).finish()
+    }
+}
+
+fn key_of(call_id: u64) -> Option<usize> {
+    ((call_id & u64::from(u32::MAX)) as usize).checked_sub(1)
+}
+
+impl CallSlots {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a slot for a new call and returns its id, or `None` once the driver has stopped.
+    pub(crate) fn open(&self) -> Option<u64> {
+        let mut inner = self.lock();
+        if inner.closed {
+            return None;
+        }
+        inner.seq = inner.seq.wrapping_add(1);
+        let seq = u64::from(inner.seq);
+        let entry = inner.slots.vacant_entry();
+        let key = u64::try_from(entry.key()).ok().filter(|k| *k < u64::from(u32::MAX))?;
+        let call_id = (seq << 32) | (key + 1);
+        entry.insert(Slot::Waiting { call_id, waker: None });
+        Some(call_id)
+    }
+
+    /// The caller's side: the result once delivered (the slot is then free), else `Pending` with
+    /// the caller's waker kept in the slot.
+    pub(crate) fn poll_result(&self, call_id: u64, cx: &mut Context<'_>) -> Poll<CallResult> {
+        let mut inner = self.lock();
+        let Some(key) =
+            key_of(call_id).filter(|k| inner.slots.get(*k).is_some_and(|s| s.call_id() == call_id))
+        else {
+            // Not ours (cannot happen: only the caller frees its slot).
+            return Poll::Ready(Err(CallError::Disconnected("call slot lost".into())));
+        };
+        match &mut inner.slots[key] {
+            Slot::Waiting { waker, .. } => {
+                match waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            Slot::Done { .. } => match inner.slots.remove(key) {
+                Slot::Done { result, .. } => Poll::Ready(result),
+                Slot::Waiting { .. } => unreachable!("matched as done above"),
+            },
+        }
+    }
+
+    /// The driver's side: delivers `result` to call `call_id` and wakes its caller. Returns
+    /// false if the caller has gone (its slot was given back).
+    pub(crate) fn complete(&self, call_id: u64, result: CallResult) -> bool {
+        let waker = {
+            let mut inner = self.lock();
+            let Some(slot) = key_of(call_id).and_then(|k| inner.slots.get_mut(k)) else { return false };
+            match slot {
+                Slot::Waiting { call_id: id, waker } if *id == call_id => {
+                    let waker = waker.take();
+                    *slot = Slot::Done { call_id, result };
+                    waker
+                }
+                _ => return false,
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
+    /// The caller gave up on call `call_id` (its future was dropped): frees the slot. Returns
+    /// whether the call was still in progress (the driver must then cancel it).
+    pub(crate) fn abandon(&self, call_id: u64) -> bool {
+        let mut inner = self.lock();
+        match key_of(call_id).filter(|k| inner.slots.get(*k).is_some_and(|s| s.call_id() == call_id)) {
+            Some(key) => matches!(inner.slots.remove(key), Slot::Waiting { .. }),
+            None => false,
+        }
+    }
+
+    /// The driver stopped: no call starts any more, and every call still waiting fails with
+    /// [`CallError::Disconnected`] carrying `reason`.
+    pub(crate) fn close(&self, reason: Detail) {
+        let mut wakers = Vec::new();
+        {
+            let mut inner = self.lock();
+            inner.closed = true;
+            for (_, slot) in inner.slots.iter_mut() {
+                if let Slot::Waiting { call_id, waker } = slot {
+                    wakers.extend(waker.take());
+                    let result = Err(CallError::Disconnected(reason.clone()));
+                    *slot = Slot::Done { call_id: *call_id, result };
+                }
+            }
+        }
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct CountWakes(AtomicUsize);
+
+    impl Wake for CountWakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn ok(n: u8) -> CallResult {
+        Ok((Bytes::from(vec![n]), CallInfo::default()))
+    }
+
+    #[test]
+    fn result_reaches_the_waiting_caller_and_frees_the_slot() {
+        let slots = CallSlots::default();
+        let wakes = Arc::new(CountWakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let id = slots.open().unwrap();
+        assert_ne!(id, 0);
+        assert!(slots.poll_result(id, &mut cx).is_pending());
+        assert!(slots.complete(id, ok(7)));
+        assert_eq!(wakes.0.load(Ordering::Relaxed), 1, "the caller was woken");
+        match slots.poll_result(id, &mut cx) {
+            Poll::Ready(Ok((b, _))) => assert_eq!(&b[..], &[7]),
+            other => panic!("expected the result, got {other:?}"),
+        }
+        assert_eq!(slots.lock().slots.len(), 0, "the slot is free");
+        assert!(!slots.complete(id, ok(8)), "a finished call takes no second result");
+    }
+
+    #[test]
+    fn a_reused_slot_gets_a_new_id_and_stale_results_are_dropped() {
+        let slots = CallSlots::default();
+        let first = slots.open().unwrap();
+        assert!(slots.abandon(first), "abandoned while in progress: cancel it");
+        let second = slots.open().unwrap();
+        assert_eq!(key_of(first), key_of(second), "the slot is reused");
+        assert_ne!(first, second);
+        assert!(!slots.complete(first, ok(1)), "the old call's result does not reach the new one");
+        assert!(!slots.abandon(first));
+        assert!(slots.complete(second, ok(2)));
+        assert!(!slots.abandon(second), "already done: nothing to cancel");
+    }
+
+    #[test]
+    fn close_fails_waiting_calls_and_refuses_new_ones() {
+        let slots = CallSlots::default();
+        let wakes = Arc::new(CountWakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let waiting = slots.open().unwrap();
+        let done = slots.open().unwrap();
+        assert!(slots.poll_result(waiting, &mut cx).is_pending());
+        assert!(slots.complete(done, ok(3)));
+        slots.close("gone".into());
+        assert_eq!(wakes.0.load(Ordering::Relaxed), 1);
+        match slots.poll_result(waiting, &mut cx) {
+            Poll::Ready(Err(CallError::Disconnected(r))) => assert_eq!(r, "gone"),
+            other => panic!("expected Disconnected, got {other:?}"),
+        }
+        assert!(matches!(slots.poll_result(done, &mut cx), Poll::Ready(Ok(_))), "a delivered result stays");
+        assert!(slots.open().is_none(), "no call starts after close");
+    }
+}
