@@ -147,11 +147,7 @@ pub(crate) unsafe fn post_send(qp: &BasicQueuePair, wrs: &[SendWr]) -> Result<()
     // locals for the duration of the call (the provider copies them); the memory the SGEs name
     // is the caller's obligation (see # Safety).
     let ret = unsafe { ffi::ibv_post_send(qp.qp().as_ptr(), raw.as_mut_ptr(), &mut bad) };
-    if ret == 0 {
-        return Ok(());
-    }
-    let posted = raw[..n].iter().position(|r| ptr::eq(r, bad)).unwrap_or(0);
-    Err(PostError { posted, error: post_errno(ret) })
+    post_outcome(&raw[..n], bad, ret)
 }
 
 /// Posts up to [`POST_BATCH`] receive work requests as one chain, without allocating.
@@ -184,10 +180,16 @@ pub(crate) unsafe fn post_recv(qp: &BasicQueuePair, wrs: &[RecvWr]) -> Result<()
     // SAFETY: as in post_send: a live QP, a valid local chain; the memory is the caller's
     // obligation.
     let ret = unsafe { ffi::ibv_post_recv(qp.qp().as_ptr(), raw.as_mut_ptr(), &mut bad) };
+    post_outcome(&raw[..n], bad, ret)
+}
+
+/// The result of a post of the chain `raw`: on failure, the requests before `bad` (the one the
+/// provider refused) were posted.
+fn post_outcome<T>(raw: &[T], bad: *mut T, ret: i32) -> Result<(), PostError> {
     if ret == 0 {
         return Ok(());
     }
-    let posted = raw[..n].iter().position(|r| ptr::eq(r, bad)).unwrap_or(0);
+    let posted = raw.iter().position(|r| ptr::eq(r, bad)).unwrap_or(0);
     Err(PostError { posted, error: post_errno(ret) })
 }
 
