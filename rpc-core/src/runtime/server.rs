@@ -632,7 +632,6 @@ impl ServerDriver {
     }
 
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
-        self.poll_shutdown(cx);
         let mut progressed =
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.run_events();
@@ -683,6 +682,9 @@ impl Future for ServerDriver {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         this.polls += 1;
+        // Once per wake-up: its waker stays registered for the rounds below (the signal is
+        // polled by this task only).
+        this.poll_shutdown(cx);
         for _ in 0..ROUNDS_PER_WAKE {
             match this.poll_round(cx) {
                 Err(Fatal::Transport(e)) => {
