@@ -8,7 +8,7 @@ use bytes::Bytes;
 use rpc_core::proto::{
     Header, Kind, Op, PeerLimits, DESC_LEN, FLAG_ERROR, FLAG_RENDEZVOUS, HEADER_LEN, MAX_ERROR_MESSAGE,
 };
-use rpc_transport::{ReadError, RegionDesc};
+use rpc_transport::{Detail, ReadError, RegionDesc};
 
 use crate::input::{payload, ReadOutcome};
 
@@ -129,7 +129,7 @@ impl Tracker {
     }
 
     /// Takes the registration `pick` selects; with `ok`, the region it registered.
-    pub fn take_register(&mut self, pick: u8, ok: bool) -> Option<(u64, Result<RegionDesc, String>)> {
+    pub fn take_register(&mut self, pick: u8, ok: bool) -> Option<(u64, Result<RegionDesc, Detail>)> {
         let (call_id, len) = take(&mut self.registers, pick)?;
         if !ok {
             return Some((call_id, Err("injected registration failure".into())));
