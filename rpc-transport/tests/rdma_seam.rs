@@ -191,6 +191,7 @@ mod verbs {
         pool_memory_needs_no_registration,
         pool_keys_and_per_call_keys,
         small_sends_go_unsignaled,
+        reads_across_page_boundaries,
     );
 }
 
@@ -804,4 +805,83 @@ async fn pool_keys_and_per_call_keys() {
             }
         }
     }
+}
+
+const PAGE: usize = 4096;
+
+/// `len` bytes of a fresh buffer starting at `page_off` within a page, filled with a pattern.
+fn bytes_at_page_offset(page_off: usize, len: usize, seed: u8) -> Bytes {
+    let backing = Bytes::from(
+        (0..len + 2 * PAGE).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>(),
+    );
+    let start = (PAGE - backing.as_ptr() as usize % PAGE) % PAGE + page_off;
+    backing.slice(start..start + len)
+}
+
+/// A heap destination of `len` bytes whose address is `crossing` a page boundary or not. Heap
+/// memory is placed by the allocator, so this tries fresh allocations (bounded) until one fits;
+/// the misses are kept alive until then so that the allocator moves on.
+fn heap_dest(len: usize, crossing: bool) -> (Vec<u8>, usize) {
+    let mut misses = Vec::new();
+    for _ in 0..20_000 {
+        let v = vec![0u8; len];
+        let off = v.as_ptr() as usize % PAGE;
+        if (off + len > PAGE) == crossing && (len < PAGE || off != 0) {
+            return (v, off);
+        }
+        misses.push(v);
+    }
+    panic!("no heap allocation of {len} bytes with crossing={crossing} in 20000 tries");
+}
+
+/// READs whose source region or destination straddles page boundaries at various offsets, from
+/// heap and from pool memory, read back byte for byte. (siw once showed a region at page offset
+/// 4092 read with a gap where the page boundary was.)
+async fn reads_across_page_boundaries() {
+    let (mut client, mut server) = pair(ConnParams::default(), ConnParams::default()).await;
+    let mut failures = Vec::new();
+    let mut wr = 0u64;
+    for len in [1usize, 11, 100, 4097, 12_000] {
+        // usize::MAX: a source from the server's pool, wherever it lands.
+        for src_off in [0usize, 1, 2048, 4092, 4095, usize::MAX] {
+            for dest in ["heap-within", "heap-crossing", "pool"] {
+                let src = if src_off == usize::MAX {
+                    let mut b = server.pool().alloc(len).unwrap();
+                    b.copy_from_slice(&pattern(len));
+                    b.freeze()
+                } else {
+                    bytes_at_page_offset(src_off, len, src_off as u8)
+                };
+                let src_off = src.as_ptr() as usize % PAGE;
+                let (dst, dst_off): (rpc_transport::Buf, usize) = match dest {
+                    "pool" => {
+                        let b = client.pool().alloc(len).unwrap();
+                        let off = b.as_ptr() as usize % PAGE;
+                        (b, off)
+                    }
+                    "heap-within" if len >= PAGE => continue,
+                    // malloc aligns to 16 bytes: so small a block never straddles a page.
+                    "heap-crossing" if len <= 16 => continue,
+                    _ => {
+                        let (v, off) = heap_dest(len, dest == "heap-crossing");
+                        (v.into(), off)
+                    }
+                };
+                let desc = server.register(src.clone()).unwrap();
+                wr += 1;
+                client.post_read(wr, desc, dst).unwrap();
+                let (id, got) = read_done(&mut *client).await;
+                assert_eq!(id, wr);
+                let got = got.unwrap_or_else(|e| panic!("len {len} src_off {src_off} {dest}: {e:?}"));
+                if got != src[..] {
+                    let first_bad = got.iter().zip(src.iter()).position(|(a, b)| a != b).unwrap_or(0);
+                    failures.push(format!(
+                        "len {len} src page offset {src_off} dest {dest} (page offset {dst_off}): first wrong byte at {first_bad}"
+                    ));
+                }
+                server.deregister(desc).unwrap();
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {wr} READs wrong:\n{}", failures.len(), failures.join("\n"));
 }

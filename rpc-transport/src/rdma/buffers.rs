@@ -176,6 +176,32 @@ impl fmt::Debug for AdvertisedRegion {
     }
 }
 
+/// Regions of at most this many bytes must not cross a page boundary: siw (soft-iWARP, Linux
+/// 6.1 and later as of this writing) sends a READ response this short from its header buffer
+/// (`MAX_HDR_INLINE` in `siw_qp_tx.c`), and `siw_try_1seg` splits one that crosses a page at
+/// the wrong place: the bytes after the boundary arrive shifted, with garbage in between.
+/// Found by `rdma_seam`'s `reads_across_page_boundaries`.
+pub(crate) const SHORT_REGION_MAX: usize = 32;
+
+const PAGE: usize = 4096;
+
+/// `data` itself, or, if it is short enough for siw's short path and crosses a page boundary, a
+/// copy (at most [`SHORT_REGION_MAX`] bytes) placed within one page. The protocol never
+/// advertises so short a region; the seam allows it.
+pub(crate) fn off_page_boundary(data: Bytes) -> Bytes {
+    let (len, off) = (data.len(), data.as_ptr() as usize % PAGE);
+    if len > SHORT_REGION_MAX || off + len <= PAGE {
+        return data;
+    }
+    // Twice the length always holds `len` bytes that stay within one page: either from the
+    // start, or from the page boundary the allocation crosses.
+    let mut copy = vec![0u8; 2 * SHORT_REGION_MAX];
+    let base = copy.as_ptr() as usize % PAGE;
+    let start = if base + len <= PAGE { 0 } else { PAGE - base };
+    copy[start..start + len].copy_from_slice(&data);
+    Bytes::from(copy).slice(start..start + len)
+}
+
 impl AdvertisedRegion {
     /// Registers `data` for remote READ. An empty `Bytes` gets a one-byte private placeholder so
     /// that it still has a real, revocable key.

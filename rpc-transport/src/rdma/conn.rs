@@ -13,7 +13,7 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::BasicQueuePair;
 use sideway::rdmacm::communication_manager::Identifier;
 
-use super::buffers::{AdvertisedRegion, ReadDest, RegisteredBuf, SlotPool};
+use super::buffers::{off_page_boundary, AdvertisedRegion, ReadDest, RegisteredBuf, SlotPool};
 use super::cm::{CmChannel, CmSink};
 use super::cq::CqPoller;
 use super::hello::Hello;
@@ -336,6 +336,7 @@ impl Connection for RdmaConnection {
 
     fn register(&mut self, data: Bytes) -> Result<RegionDesc, TransportError> {
         self.check_alive()?;
+        let data = off_page_boundary(data);
         let len = data.len() as u64;
         let pooled = if data.is_empty() { None } else { self.pool.keys_of(&data) };
         if let (Some(keys), KeyPolicy::PoolKeys) = (pooled, self.key_policy) {
