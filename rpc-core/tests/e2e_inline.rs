@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, Kind};
-use rpc_core::{CallError, Client, ClientConfig, ProtoStats, Server, ServerConfig, WireErrorCode};
+use rpc_core::{CallError, Client, ClientConfig, ConnStats, Server, ServerConfig, WireErrorCode};
 
 #[rpc_core::service]
 pub trait Probe {
@@ -60,13 +60,13 @@ async fn setup(kind: Kind, inline: bool) -> Setup {
 
 /// The server's counters once it has started `calls` handlers (the driver publishes them when
 /// it goes idle, which may come just after the client has its answer).
-async fn stats_after(server: &Server, calls: u64) -> ProtoStats {
+async fn stats_after(server: &Server, calls: u64) -> ConnStats {
     let started = || {
-        let p = server.stats().proto;
-        p.handlers_inline + p.handlers_spawned
+        let s = server.stats();
+        s.handlers_inline + s.handlers_spawned
     };
     eventually("the server publishes its counters", || started() >= calls).await;
-    server.stats().proto
+    server.stats()
 }
 
 fn assert_panicked(err: CallError) {

@@ -50,12 +50,6 @@ pub struct ProtoStats {
     pub read_timeouts: u64,
     /// Frames the peer sent beyond its credits (the connection was closed).
     pub credit_violations: u64,
-    /// Server: handlers that finished in their first poll, run inline in the connection's
-    /// driver (no task spawned; see `ServerConfig::inline_handlers`). Counted by the driver.
-    pub handlers_inline: u64,
-    /// Server: handlers run as tasks of their own (they waited in their first poll, or
-    /// `inline_handlers` is off). Counted by the driver.
-    pub handlers_spawned: u64,
 }
 
 impl ProtoStats {
@@ -85,8 +79,6 @@ impl ProtoStats {
         out.done_timeouts += other.done_timeouts;
         out.read_timeouts += other.read_timeouts;
         out.credit_violations += other.credit_violations;
-        out.handlers_inline += other.handlers_inline;
-        out.handlers_spawned += other.handlers_spawned;
         out
     }
 }

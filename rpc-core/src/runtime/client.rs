@@ -492,6 +492,7 @@ impl ClientDriver {
                     transport: self.conn.counters(),
                     calls_in_flight: self.proto.calls_in_flight(),
                     driver_polls: self.polls,
+                    handlers_inline: 0,
                     handlers_spawned: 0,
                 });
             }

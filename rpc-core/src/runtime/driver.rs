@@ -36,7 +36,11 @@ pub struct ConnStats {
     /// Times the connection's driver task was polled since it started: its wake-ups (a poll
     /// that runs several rounds of work counts once).
     pub driver_polls: u64,
-    /// Handler tasks the connection's driver spawned (a server's; 0 on a client).
+    /// Handlers that finished in their first poll, run inline in the connection's driver (no
+    /// task spawned; see `ServerConfig::inline_handlers`). A server's; 0 on a client.
+    pub handlers_inline: u64,
+    /// Handler tasks the connection's driver spawned (they waited in their first poll, or
+    /// `inline_handlers` is off). A server's; 0 on a client.
     pub handlers_spawned: u64,
 }
 
@@ -48,6 +52,7 @@ impl ConnStats {
             transport: self.transport.merged(&other.transport),
             calls_in_flight: self.calls_in_flight + other.calls_in_flight,
             driver_polls: self.driver_polls + other.driver_polls,
+            handlers_inline: self.handlers_inline + other.handlers_inline,
             handlers_spawned: self.handlers_spawned + other.handlers_spawned,
         }
     }

@@ -386,7 +386,7 @@ struct ServerDriver {
     /// Poll each handler once here before spawning it ([`ServerConfig::inline_handlers`]).
     inline: bool,
     /// Handlers answered in their first poll here, and handlers spawned (published in
-    /// [`ProtoStats`](crate::proto::ProtoStats)).
+    /// [`ConnStats`]).
     handlers_inline: u64,
     handlers_spawned: u64,
     /// Requests waiting for a slot or for rendezvous budget, in arrival order (bounded by the
@@ -407,7 +407,7 @@ struct ServerDriver {
     /// This connection's own slot of the server's board: publishing never contends with
     /// other connections.
     stats_slot: StatsSlot,
-    /// Times this driver was polled, and handler tasks it spawned (for [`ConnStats`]).
+    /// Times this driver was polled (for [`ConnStats`]).
     polls: u64,
 }
 
@@ -649,14 +649,12 @@ impl ServerDriver {
     }
 
     fn publish_stats(&self) {
-        let mut proto = self.proto.stats();
-        proto.handlers_inline = self.handlers_inline;
-        proto.handlers_spawned = self.handlers_spawned;
         let stats = ConnStats {
-            proto,
+            proto: self.proto.stats(),
             transport: self.conn.counters(),
             calls_in_flight: self.proto.calls_in_flight(),
             driver_polls: self.polls,
+            handlers_inline: self.handlers_inline,
             handlers_spawned: self.handlers_spawned,
         };
         self.stats_slot.publish(stats);
