@@ -55,10 +55,14 @@ pub fn current_pool() -> Option<MemPool> {
 /// heap buffer (for a small value, a slice of a block this thread carves small values from: no
 /// allocation of its own).
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
+    encode_sized(value, encoded_size(value)?)
+}
+
+/// [`encode`] of a value whose encoded size is already measured.
+fn encode_sized<T: Serialize + ?Sized>(value: &T, size: usize) -> Result<Bytes, CodecError> {
     match POOL.try_with(MemPool::clone) {
-        Ok(pool) => encode_in(&pool, value),
+        Ok(pool) => encode_sized_in(&pool, value, size),
         Err(_) => {
-            let size = encoded_size(value)?;
             if size <= arena::SMALL {
                 return arena::write_local(size, |buf| write_into(value, buf));
             }
@@ -98,10 +102,7 @@ pub(crate) fn encode_reusing<T: Serialize + ?Sized>(value: &T, source: &Bytes) -
     if let Some((start, end)) = probe.span.filter(|&(start, end)| probe.fits && end - start == probe.size) {
         return Ok(source.slice(start..end));
     }
-    match POOL.try_with(MemPool::clone) {
-        Ok(pool) => encode_sized_in(&pool, value, probe.size),
-        Err(_) => encode(value),
-    }
+    encode_sized(value, probe.size)
 }
 
 /// Bytes an encoding may write before its first write that lies in the source (a length
@@ -172,9 +173,7 @@ pub(crate) fn encode_request<T: Serialize + ?Sized>(
 ) -> Result<Payload, CodecError> {
     let size = encoded_size(value)?;
     if size > eager_limit {
-        let mut buf = pool.alloc_or_heap(size);
-        write_into(value, &mut buf)?;
-        return Ok(Payload::Bytes(buf.freeze()));
+        return encode_sized_in(pool, value, size).map(Payload::Bytes);
     }
     let mut buf = pool.alloc_or_heap(HEADER_LEN + size);
     write_into(value, &mut buf[HEADER_LEN..])?;

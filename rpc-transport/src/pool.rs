@@ -416,14 +416,7 @@ impl MemPool {
     pub fn alloc(&self, len: usize) -> Result<Buf, TransportError> {
         let shared = &self.shared;
         shared.counters.allocs.fetch_add(1, Ordering::Relaxed);
-        let size = class_size(len.max(1));
-        if size > MAX_CLASS {
-            return self.one_off(len);
-        }
-        if shared.closed.load(Ordering::Relaxed) {
-            return self.one_off(len);
-        }
-        let class = class_index(size);
+        let Some((size, class)) = self.class_for(len) else { return self.one_off(len) };
         if let Some(block) = shared.take_idle(class) {
             return Ok(Buf::pooled(block, len));
         }
@@ -456,14 +449,18 @@ impl MemPool {
     /// memory (`None`: [`MemPool::alloc`] would make a chunk or a one-off, which on a registering
     /// backend calls the NIC's driver and can take milliseconds for large buffers).
     pub fn alloc_idle(&self, len: usize) -> Option<Buf> {
-        let shared = &self.shared;
-        let size = class_size(len.max(1));
-        if size > MAX_CLASS || shared.closed.load(Ordering::Relaxed) {
-            return None;
-        }
-        let block = shared.take_idle(class_index(size))?;
-        shared.counters.allocs.fetch_add(1, Ordering::Relaxed);
+        let (_, class) = self.class_for(len)?;
+        let block = self.shared.take_idle(class)?;
+        self.shared.counters.allocs.fetch_add(1, Ordering::Relaxed);
         Some(Buf::pooled(block, len))
+    }
+
+    /// The size and class index a buffer of `len` bytes is pooled in; `None` when it cannot be
+    /// pooled (larger than [`MAX_CLASS`], or the pool is closed): it is then a one-off.
+    fn class_for(&self, len: usize) -> Option<(usize, usize)> {
+        let size = class_size(len.max(1));
+        let pooled = size <= MAX_CLASS && !self.shared.closed.load(Ordering::Relaxed);
+        pooled.then(|| (size, class_index(size)))
     }
 
     /// [`MemPool::alloc`], or plain heap memory if the pool cannot provide it (a transport then

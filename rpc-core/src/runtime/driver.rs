@@ -246,12 +246,11 @@ pub(crate) fn post_ops<P: ProtoEnd>(
                 // The destination comes from the connection's pool: registered once, reused.
                 let len = remote.len as usize;
                 let pool = conn.pool();
-                match pool.alloc_idle(len) {
+                // Without registration (mem, tcp) making memory is only a heap allocation.
+                let ready =
+                    pool.alloc_idle(len).or_else(|| (!pool.registers()).then(|| pool.alloc_or_heap(len)));
+                match ready {
                     Some(dst) => conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?,
-                    None if !pool.registers() => {
-                        let dst = pool.alloc_or_heap(len);
-                        conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
-                    }
                     None => {
                         // Registering new memory (a new chunk, or a one-off beyond the pool's
                         // limits) can take milliseconds for a large buffer: it is done on a
