@@ -70,12 +70,11 @@ impl RdmaConnection {
         if !ok {
             self.on_error_status(wc);
         }
+        self.signaled_done(&op);
         match op {
             Op::Recv { buf, hello } => self.complete_recv(buf, hello, ok.then_some(wc.byte_len as usize)),
             Op::Send { wr_id, buf, seq } => {
                 self.retire(seq);
-                self.sq_signaled = self.sq_signaled.saturating_sub(1);
-                self.signaled_sends = self.signaled_sends.saturating_sub(1);
                 self.release_send_buf(buf);
                 if let Some(wr_id) = wr_id {
                     let result = if ok { Ok(()) } else { Err(self.send_error(wc.status)) };
@@ -85,7 +84,6 @@ impl RdmaConnection {
             }
             Op::ReadChunk { read, seq } => {
                 self.retire(seq);
-                self.sq_signaled = self.sq_signaled.saturating_sub(1);
                 self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
                 let err = (!ok).then(|| self.read_error(wc.status, read));
                 self.chunk_done(read, err);
@@ -261,14 +259,8 @@ impl RdmaConnection {
                 Op::ReadChunk { read, .. } => self.chunk_done(read, Some(ReadError::Flushed)),
             }
         }
-        let reason = self.failed.clone().unwrap_or_default();
-        for b in std::mem::take(&mut self.sq_batch) {
-            if let Some(wr_id) = b.unsignaled {
-                let result = Err(TransportError::Disconnected(reason.as_str().into()));
-                self.ready.push_back(Completion::Send { wr_id, result });
-            }
-        }
-        self.rq_batch.clear();
+        // Every caller failed the connection first, which completed what was batched.
+        debug_assert!(self.sq_batch.is_empty() && self.rq_batch.is_empty());
         self.sq_retired = self.sq_posted;
         self.sq_signaled = 0;
         self.signaled_sends = 0;

@@ -10,7 +10,8 @@
 //! **Unsignaled SENDs.** An inline SEND (the provider copies its bytes during the post: nothing
 //! to keep alive after it) is posted unsignaled, and its completion is reported as soon as it is
 //! posted, except one in `signal_every` (at most 64, at most half the send queue), which is
-//! signaled, and except while a signaled SEND is pending (SEND completions keep posting order). That saves a work completion, and in event-driven mode a wake-up, per small message.
+//! signaled, and except while a signaled SEND is pending (SEND completions keep posting order).
+//! That saves a work completion, and in event-driven mode a wake-up, per small message.
 //! An unsignaled request's send-queue slot is freed by the completion of a later signaled one
 //! (completions come in queue order: `sq_retired`); the run of unsignaled requests after the last
 //! signaled one is shorter than half the queue, so the queue never fills with requests no
@@ -151,9 +152,7 @@ impl RdmaConnection {
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
         }
         let seq = self.next_seq();
-        let key = self.ops.insert(Op::Send { wr_id: None, buf: SendBuf::None, seq });
-        self.sq_signaled += 1;
-        self.signaled_sends += 1;
+        let key = self.insert_signaled(Op::Send { wr_id: None, buf: SendBuf::None, seq });
         let wr = SendWr { wr_id: key, op: SendOp::Send { inline: false }, signaled: true, sge: Some(sge) };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
         self.flush_sq();
@@ -303,9 +302,7 @@ impl RdmaConnection {
             return Ok(true);
         }
         self.unsignaled_run = 0;
-        let key = self.ops.insert(Op::Send { wr_id: Some(wr_id), buf, seq });
-        self.sq_signaled += 1;
-        self.signaled_sends += 1;
+        let key = self.insert_signaled(Op::Send { wr_id: Some(wr_id), buf, seq });
         self.oversized_in_flight |= oversized;
         let wr = SendWr { wr_id: key, op: SendOp::Send { inline }, signaled: true, sge };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: inline.then_some(msg) });
@@ -352,13 +349,35 @@ impl RdmaConnection {
         debug_assert!(chunk.offset + u64::from(chunk.len) <= dest.len());
         let sge = Sge { addr: dest.addr(chunk.offset), len: chunk.len, lkey: dest.lkey() };
         let seq = self.next_seq();
-        let key = self.ops.insert(Op::ReadChunk { read: chunk.read, seq });
-        self.sq_signaled += 1;
+        let key = self.insert_signaled(Op::ReadChunk { read: chunk.read, seq });
         self.unsignaled_run = 0;
         self.reads_in_flight += 1;
         let op = SendOp::Read { remote_addr: chunk.remote_addr, rkey: chunk.rkey };
         let wr = SendWr { wr_id: key, op, signaled: true, sge: Some(sge) };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
+    }
+
+    /// Keeps a signaled send-queue request's operation in `ops` until its completion, counted
+    /// in `sq_signaled` (and a SEND in `signaled_sends`); returns its key, the request's `wr_id`.
+    fn insert_signaled(&mut self, op: Op) -> u64 {
+        self.sq_signaled += 1;
+        if matches!(op, Op::Send { .. }) {
+            self.signaled_sends += 1;
+        }
+        self.ops.insert(op)
+    }
+
+    /// A signaled request's operation left `ops` (completed, flushed, or never posted):
+    /// uncounts it (see [`RdmaConnection::insert_signaled`]).
+    pub(super) fn signaled_done(&mut self, op: &Op) {
+        match op {
+            Op::Send { .. } => {
+                self.sq_signaled = self.sq_signaled.saturating_sub(1);
+                self.signaled_sends = self.signaled_sends.saturating_sub(1);
+            }
+            Op::ReadChunk { .. } => self.sq_signaled = self.sq_signaled.saturating_sub(1),
+            Op::Recv { .. } => {}
+        }
     }
 
     /// The next send-queue sequence number; the request counts as occupying the queue from now.
@@ -424,21 +443,20 @@ impl RdmaConnection {
             self.ready.push_back(Completion::Send { wr_id, result: failed() });
             return;
         }
-        match self.ops.remove(b.wr.wr_id) {
-            Some(Op::Send { wr_id, buf, .. }) => {
-                self.sq_signaled = self.sq_signaled.saturating_sub(1);
-                self.signaled_sends = self.signaled_sends.saturating_sub(1);
+        let Some(op) = self.ops.remove(b.wr.wr_id) else { return };
+        self.signaled_done(&op);
+        match op {
+            Op::Send { wr_id, buf, .. } => {
                 self.release_send_buf(buf);
                 if let Some(wr_id) = wr_id {
                     self.ready.push_back(Completion::Send { wr_id, result: failed() });
                 }
             }
-            Some(Op::ReadChunk { read, .. }) => {
-                self.sq_signaled = self.sq_signaled.saturating_sub(1);
+            Op::ReadChunk { read, .. } => {
                 self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
                 self.chunk_done(read, Some(ReadError::Flushed));
             }
-            Some(Op::Recv { .. }) | None => {}
+            Op::Recv { .. } => {}
         }
     }
 }
