@@ -12,7 +12,7 @@
 #     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15:
 #     `rpc-bench doctor --device <dev>`, each test binary with `--ignored --test-threads 2`, `kv demo`
 #     over rdma://, rpc-bench (echo 32 B event-driven and busy-polling, download and upload 1 MiB and
-#     16 MiB, a few seconds per point) and scripts/vm/perftest.sh <dev>;
+#     16 MiB with 1 and with 4 calls in flight, a few seconds per point) and scripts/vm/perftest.sh <dev>;
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest (with ratios).
 #
@@ -53,6 +53,8 @@ usage() {
 
 STEP_TIMEOUT="${RPC_RDMA_SUITE_STEP_TIMEOUT:-400}"
 BENCH_SECS="${RPC_RDMA_SUITE_BENCH_SECS:-3}"
+# Calls in flight for the pipelined bandwidth points (ib_read_bw keeps up to its tx depth in flight).
+PIPELINE="${RPC_RDMA_SUITE_PIPELINE:-4}"
 BUSY_POLL_US="${RPC_RDMA_SUITE_BUSY_POLL_US:-2000}"
 
 # record DEV KIND NAME STATUS PASSED FAILED DETAIL: one line of results.tsv (read by the host).
@@ -178,6 +180,9 @@ in_vm() {
         run_bench "$dev" echo-busy echo 32 --busy-poll-us "$BUSY_POLL_US"
         run_bench "$dev" download download 1M,16M
         run_bench "$dev" upload upload 1M,16M
+        # ib_read_bw keeps many READs in flight: the like-for-like bandwidth point keeps calls in flight.
+        run_bench "$dev" download-pipelined download 1M,16M --outstanding "$PIPELINE"
+        run_bench "$dev" upload-pipelined upload 1M,16M --outstanding "$PIPELINE"
         run_perftest "$dev"
     done
     echo "===== done ($(date -u +%H:%M:%S))"
@@ -316,7 +321,7 @@ bench_table() {
     local p50 lat bw1 bw16 w s gbps mibps ref mode csv key tool
     bw1="$(perftest_field "$dev" read_bw_1MiB_MBps)"
     bw16="$(perftest_field "$dev" read_bw_16MiB_MBps)"
-    echo "  bench (rpc-bench, release, 1 conn x 1 outstanding, ${BENCH_SECS} s/point) vs perftest, same boot:"
+    echo "  bench (rpc-bench, release, 1 conn x 1 outstanding unless said, ${BENCH_SECS} s/point) vs perftest, same boot:"
     printf '    %-36s %12s   %-40s %s\n' point ours perftest ratio
     for mode in busy-poll event-driven; do
         if [[ "$mode" == busy-poll ]]; then
@@ -335,17 +340,21 @@ bench_table() {
             printf '    %-36s %12s\n' "echo 32 B p50 RTT ($mode)" "missing"
         fi
     done
-    for w in download upload; do
+    local run label
+    for run in download upload download-pipelined upload-pipelined; do
+        w="${run%-pipelined}"
         for s in 1048576 16777216; do
-            gbps="$(csv_field "$bench/$w.csv" gb_per_sec "$w" "$s")"
+            gbps="$(csv_field "$bench/$run.csv" gb_per_sec "$w" "$s")"
             ref="$bw1"
             ((s == 16777216)) && ref="$bw16"
+            label="$w $((s >> 20)) MiB"
+            [[ "$run" == *-pipelined ]] && label="$label, $PIPELINE in flight"
             if [[ -z "$gbps" ]]; then
-                printf '    %-36s %12s\n' "$w $((s >> 20)) MiB" missing
+                printf '    %-36s %12s\n' "$label" missing
                 continue
             fi
             mibps="$(awk -v g="$gbps" 'BEGIN { printf "%.1f", g * 1e9 / 1048576 }')"
-            printf '    %-36s %7s MiB/s   %-40s %s\n' "$w $((s >> 20)) MiB" "$mibps" \
+            printf '    %-36s %7s MiB/s   %-40s %s\n' "$label" "$mibps" \
                 "ib_read_bw $((s >> 20)) MiB ${ref:-?} MB/s" \
                 "$(awk -v a="$mibps" -v b="$ref" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "?" }')"
         done
@@ -394,7 +403,7 @@ summarize() {
                 printf '  %-14s %s\n' "$name" "$detail"
             fi
         done
-        for steps in demo:kv-demo bench:echo bench:echo-busy bench:download bench:upload perftest:perftest; do
+        for steps in demo:kv-demo bench:echo bench:echo-busy bench:download bench:upload bench:download-pipelined bench:upload-pipelined perftest:perftest; do
             r="$(result_of "$dev" "${steps%%:*}" "${steps#*:}")"
             status="$(cut -f4 <<<"$r")"
             if [[ -z "$r" ]]; then
