@@ -476,7 +476,7 @@ impl ClientDriver {
     fn run_command(&mut self, cmd: Command) {
         match cmd {
             Command::Call { call_id, method, payload, metadata, timeout } => {
-                let now = driver::now();
+                let now = self.scratch.clock.now().into_std();
                 if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, now) {
                     self.slots.complete(call_id, Err(start_error(e)));
                 }
@@ -526,7 +526,7 @@ impl ClientDriver {
     fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> Result<bool, Fatal> {
         let mut progressed = self.poll_commands(cx, armed);
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
+        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
         driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
         Ok(progressed)
@@ -547,6 +547,7 @@ impl Future for ClientDriver {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         this.polls += 1;
+        this.scratch.clock.reset();
         let mut armed = false;
         for _ in 0..ROUNDS_PER_WAKE {
             match this.poll_round(cx, &mut armed) {

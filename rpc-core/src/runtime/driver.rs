@@ -141,6 +141,25 @@ pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
+/// A driver's reading of the clock: taken at most once per wake-up, and again only after user
+/// code (an inline handler) ran. Reading the clock is a system call where it has no vDSO (a VM
+/// whose clocksource is the HPET, as in the project's TCG VM, where it was 15 system calls per
+/// call before this); timeouts and durations are milliseconds, a wake-up's work microseconds.
+#[derive(Debug, Default)]
+pub(crate) struct Clock(Option<tokio::time::Instant>);
+
+impl Clock {
+    /// The time as of this wake-up (read now if not yet read).
+    pub(crate) fn now(&mut self) -> tokio::time::Instant {
+        *self.0.get_or_insert_with(tokio::time::Instant::now)
+    }
+
+    /// Forgets the reading: a new wake-up, or user code ran since.
+    pub(crate) fn reset(&mut self) {
+        self.0 = None;
+    }
+}
+
 /// Polls the completion queue once and feeds what it returns into `proto`. Returns whether any
 /// completion was handled. Receive buffers are re-posted before the next operation is polled,
 /// as the credit scheme requires.
@@ -161,13 +180,13 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
         conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
         posted = true;
     }
-    let Scratch { completions: scratch, reposts, .. } = scratch;
+    let Scratch { completions: scratch, reposts, clock, .. } = scratch;
     match conn.poll_completions(cx, scratch, COMPLETION_BATCH) {
         Poll::Pending => return Ok(posted),
         Poll::Ready(Err(e)) => return Err(Fatal::Transport(e)),
         Poll::Ready(Ok(())) => {}
     }
-    let now = now();
+    let now = clock.now().into_std();
     for completion in scratch.drain(..) {
         match completion {
             Completion::Recv { buf } => {
@@ -205,6 +224,8 @@ pub(crate) struct Scratch {
     sends: Vec<(WrId, Bytes)>,
     /// READ destinations being made (registered) on blocking threads, each with its READ.
     destinations: FuturesUnordered<JoinHandle<(WrId, RegionDesc, Buf)>>,
+    /// The clock as of this wake-up (the driver resets it at each poll).
+    pub(crate) clock: Clock,
 }
 
 impl Scratch {
@@ -214,6 +235,7 @@ impl Scratch {
             reposts: Vec::with_capacity(COMPLETION_BATCH),
             sends: Vec::with_capacity(COMPLETION_BATCH),
             destinations: FuturesUnordered::new(),
+            clock: Clock::default(),
         }
     }
 }
@@ -306,9 +328,10 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
     cx: &mut Context<'_>,
     proto: &mut P,
     timer: &mut Timer,
+    clock: &mut Clock,
 ) -> Result<bool, Fatal> {
     let mut fired = false;
-    let mut now = tokio::time::Instant::now();
+    let mut now = clock.now();
     if timer.armed.is_some_and(|armed| armed <= now) {
         // It fired (or is about to): whatever the state machine wants next is armed below.
         timer.armed = None;
@@ -330,8 +353,8 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
             timer.armed = Some(at);
             return Ok(fired);
         }
-        // Already due (time moved on meanwhile): run it.
+        // Already due (time moved on since the clock was read): run it.
         timer.armed = None;
-        now = tokio::time::Instant::now().max(at);
+        now = now.max(at);
     }
 }

@@ -424,8 +424,6 @@ impl ServerDriver {
     /// whether any started.
     fn start_handlers(&mut self, cx: &mut Context<'_>) -> bool {
         let mut started = false;
-        // The clock is read at most once per batch of handlers answered inline.
-        let mut now = None;
         while !self.waiting.is_empty() && self.handlers.len() < self.max_handlers {
             // The connection's budget is released by the client's done reports (frames, which
             // wake this driver) and by finishing handlers.
@@ -437,7 +435,7 @@ impl ServerDriver {
             let Some(permit) = self.take_slot(cx) else { break };
             let Some(req) = self.waiting.pop_front() else { break };
             self.resources.requests_waiting.fetch_sub(1, Ordering::Relaxed);
-            self.start_handler(req, permit, &mut now);
+            self.start_handler(req, permit);
             started = true;
         }
         if self.waiting.is_empty() {
@@ -471,12 +469,7 @@ impl ServerDriver {
 
     /// Starts one handler: polled once here when inline handlers are on (answered at once if
     /// it finishes), else (or if it waits) spawned as a task that sends its result back.
-    fn start_handler(
-        &mut self,
-        req: Waiting,
-        permit: OwnedSemaphorePermit,
-        now: &mut Option<tokio::time::Instant>,
-    ) {
+    fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
         let name = self.names.get(method);
         let span = tracing::debug_span!(
@@ -516,7 +509,9 @@ impl ServerDriver {
             if let Poll::Ready(result) = call.span.in_scope(|| fut.as_mut().poll(&mut noop)) {
                 drop(slot);
                 self.handlers_inline += 1;
-                let now = *now.get_or_insert_with(tokio::time::Instant::now);
+                // The handler ran here: its end is read from the clock afresh.
+                self.scratch.clock.reset();
+                let now = self.scratch.clock.now();
                 self.finish(call_id, &call, result, now);
                 return;
             }
@@ -573,14 +568,11 @@ impl ServerDriver {
     }
 
     fn run_events(&mut self) {
-        // The clock is read at most once per batch of events.
-        let mut now = None;
-        let mut now = || *now.get_or_insert_with(tokio::time::Instant::now);
         while let Some(event) = self.proto.poll_event() {
             match event {
                 ServerEvent::Request { call_id, method, payload, path, metadata, timeout } => {
                     self.resources.requests_waiting.fetch_add(1, Ordering::Relaxed);
-                    let arrived = now();
+                    let arrived = self.scratch.clock.now();
                     self.waiting.push_back(Waiting {
                         call_id,
                         method,
@@ -598,7 +590,7 @@ impl ServerDriver {
                             CancelReason::Cancelled => ServerOutcome::Cancelled,
                             CancelReason::DeadlineExceeded => ServerOutcome::DeadlineExceeded,
                         };
-                        running.call.done(now(), None, outcome);
+                        running.call.done(self.scratch.clock.now(), None, outcome);
                     } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
                         tracing::debug!(call_id, ?reason, "dropping a request that waited for a handler");
                         self.waiting.remove(i);
@@ -611,13 +603,12 @@ impl ServerDriver {
 
     fn poll_results(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
-        let mut now = None;
-        let mut now = || *now.get_or_insert_with(tokio::time::Instant::now);
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
             if let Some(running) = self.handlers.remove(&call_id) {
-                self.finish(call_id, &running.call, result, now());
+                let now = self.scratch.clock.now();
+                self.finish(call_id, &running.call, result, now);
             }
         }
         progressed
@@ -636,7 +627,7 @@ impl ServerDriver {
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.run_events();
         progressed |= self.poll_results(cx);
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
+        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
         self.run_events();
         progressed |= self.start_handlers(cx);
         driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
@@ -680,6 +671,7 @@ impl Future for ServerDriver {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         this.polls += 1;
+        this.scratch.clock.reset();
         // Once per wake-up: its waker stays registered for the rounds below (the signal is
         // polled by this task only).
         this.poll_shutdown(cx);
