@@ -154,6 +154,12 @@ impl Clock {
         *self.0.get_or_insert_with(tokio::time::Instant::now)
     }
 
+    /// Moves the reading on to `at` (a timer found due says the time is at least that).
+    fn advance_to(&mut self, at: tokio::time::Instant) {
+        let now = self.now();
+        self.0 = Some(now.max(at));
+    }
+
     /// Forgets the reading: a new wake-up, or user code ran since.
     pub(crate) fn reset(&mut self) {
         self.0 = None;
@@ -331,22 +337,23 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
     clock: &mut Clock,
 ) -> Result<bool, Fatal> {
     let mut fired = false;
-    let mut now = clock.now();
-    if timer.armed.is_some_and(|armed| armed <= now) {
-        // It fired (or is about to): whatever the state machine wants next is armed below.
+    if timer.armed.is_some() && timer.sleep.is_elapsed() {
+        // It fired: whatever the state machine wants next is armed below.
         timer.armed = None;
     }
     loop {
         let Some(at) = proto.timeout() else { return Ok(fired) };
         let at = tokio::time::Instant::from_std(at);
+        if timer.armed.is_some_and(|armed| armed <= at) {
+            // Armed no later than needed and not fired yet, so nothing is due: it wakes us in
+            // time (perhaps early). The common case; it needs no reading of the clock.
+            return Ok(fired);
+        }
+        let now = clock.now();
         if at <= now {
             proto.expire(now.into_std()).map_err(Fatal::Protocol)?;
             fired = true;
             continue;
-        }
-        if timer.armed.is_some_and(|armed| armed <= at) {
-            // Armed no later than needed: it wakes us in time (perhaps early).
-            return Ok(fired);
         }
         timer.sleep.as_mut().reset(at);
         if timer.sleep.as_mut().poll(cx).is_pending() {
@@ -355,6 +362,6 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
         }
         // Already due (time moved on since the clock was read): run it.
         timer.armed = None;
-        now = now.max(at);
+        clock.advance_to(at);
     }
 }

@@ -37,6 +37,9 @@ use crate::TransportError;
 const ACK_BATCH: u32 = 16;
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
+/// Empty busy-poll spins between two readings of the clock (a window overshoots by at most
+/// this many spins: tens of microseconds).
+const SPINS_PER_CLOCK_READ: u32 = 16;
 
 /// A CQ with its completion channel, polled asynchronously.
 pub(crate) struct CqPoller {
@@ -51,6 +54,10 @@ pub(crate) struct CqPoller {
     spin_since: Option<Instant>,
     /// Polls that found nothing inside a busy-poll window (its CPU cost, for counters).
     spins: u64,
+    /// Empty polls in the current window.
+    window_spins: u32,
+    /// The current window ran out (until the next completion).
+    window_spent: bool,
 }
 
 impl std::fmt::Debug for CqPoller {
@@ -80,6 +87,8 @@ impl CqPoller {
             busy_poll: cfg.busy_poll,
             spin_since: None,
             spins: 0,
+            window_spins: 0,
+            window_spent: false,
         })
     }
 
@@ -102,6 +111,7 @@ impl CqPoller {
             if n > 0 {
                 // Completions keep coming: the next empty poll opens a new window.
                 self.spin_since = None;
+                self.window_spent = false;
                 return Poll::Ready(Ok(n));
             }
             if self.spinning() {
@@ -153,19 +163,30 @@ impl CqPoller {
     }
 
     /// Whether the busy-poll window is open (opening it at this empty poll if it was closed).
-    /// A window that ran out stays closed until the next completion.
+    /// A window that ran out stays closed until the next completion. The clock is read when a
+    /// window opens and then every [`SPINS_PER_CLOCK_READ`] empty polls, not at each: where
+    /// the clock has no vDSO (a VM on the HPET) a read is a system call, which would make every
+    /// spin one.
     fn spinning(&mut self) -> bool {
-        if self.busy_poll.is_zero() {
+        if self.busy_poll.is_zero() || self.window_spent {
             return false;
         }
-        let now = Instant::now();
         match self.spin_since {
             None if self.armed => false, // asleep on the channel: no window until a completion
             None => {
-                self.spin_since = Some(now);
+                self.spin_since = Some(Instant::now());
+                self.window_spins = 0;
                 true
             }
-            Some(since) => now.duration_since(since) < self.busy_poll,
+            Some(since) => {
+                self.window_spins = self.window_spins.wrapping_add(1);
+                if self.window_spins % SPINS_PER_CLOCK_READ != 0 {
+                    return true;
+                }
+                // A window that ran out is spent until the next completion.
+                self.window_spent = since.elapsed() >= self.busy_poll;
+                !self.window_spent
+            }
         }
     }
 
