@@ -192,6 +192,7 @@ mod verbs {
         pool_keys_and_per_call_keys,
         small_sends_go_unsignaled,
         reads_across_page_boundaries,
+        busy_poll_window_spins_then_sleeps,
     );
 }
 
@@ -884,4 +885,38 @@ async fn reads_across_page_boundaries() {
         }
     }
     assert!(failures.is_empty(), "{} of {wr} READs wrong:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Spins (empty polls) while the client waits `delay` for a message, with a busy-poll window of
+/// `window`: a fresh pair, one round trip to open the window, then the delayed message.
+async fn spins_waiting(window: Duration, delay: Duration) -> u64 {
+    let mut p = ConnParams::default();
+    p.rdma.busy_poll = window;
+    let (mut client, mut server) = pair(p, ConnParams::default()).await;
+    send_ok(&mut *client, 1, b"ping").await;
+    assert_eq!(recv(&mut *server).await, b"ping");
+    let before = client.counters().busy_poll_spins;
+    let answer = async {
+        tokio::time::sleep(delay).await;
+        send_ok(&mut *server, 2, b"pong").await;
+    };
+    let (_, got) = tokio::join!(answer, recv(&mut *client));
+    assert_eq!(got, b"pong");
+    client.counters().busy_poll_spins - before
+}
+
+/// A busy-poll window spins (empty polls, counted) and then sleeps on the completion channel:
+/// a message that comes after the window still arrives, and a 2 ms window spins far less while
+/// waiting 300 ms than a window longer than the wait does. No window: no spin.
+async fn busy_poll_window_spins_then_sleeps() {
+    let delay = Duration::from_millis(300);
+    let none = spins_waiting(Duration::ZERO, delay).await;
+    let short = spins_waiting(Duration::from_millis(2), delay).await;
+    let long = spins_waiting(Duration::from_secs(5), delay).await;
+    assert_eq!(none, 0, "no window, no spin");
+    assert!(short > 0, "a 2 ms window spins");
+    assert!(
+        long > 2 * short,
+        "the 2 ms window closed: {short} spins, against {long} spinning the whole wait"
+    );
 }
