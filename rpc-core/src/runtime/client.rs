@@ -523,11 +523,16 @@ impl ClientDriver {
         self.slots.close(reason);
     }
 
-    fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> Result<bool, Fatal> {
+    /// One round of work. Timers are driven when nothing else progressed (the round before the
+    /// driver waits) or when `last` (before it yields), so that they are armed whenever it
+    /// stops, but not looked at in every busy round.
+    fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool, last: bool) -> Result<bool, Fatal> {
         let mut progressed = self.poll_commands(cx, armed);
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
-        driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+        if !progressed || last {
+            progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
+        }
+        progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
         Ok(progressed)
     }
@@ -548,8 +553,8 @@ impl Future for ClientDriver {
         let this = &mut *self;
         this.polls += 1;
         let mut armed = false;
-        for _ in 0..ROUNDS_PER_WAKE {
-            match this.poll_round(cx, &mut armed) {
+        for round in 1..=ROUNDS_PER_WAKE {
+            match this.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
                 Err(fatal) => {
                     this.fail(fatal);
                     return Poll::Ready(());

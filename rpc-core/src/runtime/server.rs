@@ -289,6 +289,8 @@ impl Acceptor {
             scratch: driver::Scratch::new(),
             sleep: driver::Timer::new(),
             shutdown: shutdown_signal(self.shutdown.clone()),
+            shutdown_flag: self.shutdown.clone(),
+            shutdown_waker: None,
             draining: false,
             stats_slot: self.board.slot(),
             polls: 0,
@@ -403,6 +405,10 @@ struct ServerDriver {
     scratch: driver::Scratch,
     sleep: driver::Timer,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// The same signal, looked at without polling `shutdown`: whether it may have come.
+    shutdown_flag: watch::Receiver<bool>,
+    /// The waker `shutdown` was last polled with (it stays registered there).
+    shutdown_waker: Option<std::task::Waker>,
     draining: bool,
     /// This connection's own slot of the server's board: publishing never contends with
     /// other connections.
@@ -623,27 +629,49 @@ impl ServerDriver {
         progressed
     }
 
+    /// Polls the shutdown signal when it may have come (or the server is gone), or when this
+    /// task's waker is not the one the signal holds; otherwise a look at the flag is enough.
     fn poll_shutdown(&mut self, cx: &mut Context<'_>) {
-        if !self.draining && self.shutdown.as_mut().poll(cx).is_ready() {
+        if self.draining {
+            return;
+        }
+        let signalled = !matches!(self.shutdown_flag.has_changed(), Ok(false));
+        let registered = self.shutdown_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if !signalled && registered {
+            return;
+        }
+        if self.shutdown.as_mut().poll(cx).is_ready() {
             tracing::debug!(calls = self.proto.calls_in_flight(), "draining for shutdown");
             self.draining = true;
             self.proto.begin_shutdown();
+        } else if !registered {
+            self.shutdown_waker = Some(cx.waker().clone());
         }
     }
 
-    fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
+    /// One round of work. Timers are driven when nothing else progressed (the round before the
+    /// driver waits) or when `last` (before it yields), so that they are armed whenever it
+    /// stops, but not looked at in every busy round.
+    fn poll_round(&mut self, cx: &mut Context<'_>, last: bool) -> Result<bool, Fatal> {
         let mut progressed =
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.run_events();
-        progressed |= self.poll_results(cx);
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
+        // Results come only from spawned handlers (a spawned handler's entry stays until its
+        // result is taken or it is cancelled; a cancelled one's late result waits here, at most
+        // one per handler, until the next look).
+        if !self.handlers.is_empty() {
+            progressed |= self.poll_results(cx);
+        }
+        if !progressed || last {
+            progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
+        }
         self.run_events();
         progressed |= self.start_handlers(cx);
-        driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+        progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         if let Some(budget) = self.proto.blocked_on_shared_budget() {
             // A READ waits for the server-wide budget: be woken by a release, then retry.
             budget.register_waker(cx.waker());
-            driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+            progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         }
         Ok(progressed)
     }
@@ -683,8 +711,8 @@ impl Future for ServerDriver {
         // Once per wake-up: its waker stays registered for the rounds below (the signal is
         // polled by this task only).
         this.poll_shutdown(cx);
-        for _ in 0..ROUNDS_PER_WAKE {
-            match this.poll_round(cx) {
+        for round in 1..=ROUNDS_PER_WAKE {
+            match this.poll_round(cx, round == ROUNDS_PER_WAKE) {
                 Err(Fatal::Transport(e)) => {
                     tracing::debug!(error = %e, "connection closed");
                     this.stop();
