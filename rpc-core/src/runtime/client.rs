@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_transport::{Address, Connection, Detail, MemPool, TransportError};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore, TryAcquireError};
 use tracing::field::Empty;
 use tracing::Instrument;
 
@@ -213,15 +213,23 @@ impl Client {
             }
             let timeout = opts.deadline.or(self.shared.default_deadline);
             let remaining = || timeout.map(|t| t.saturating_sub(started.elapsed()));
-            let permit = match remaining() {
-                Some(Duration::ZERO) => break 'call Err(CallError::DeadlineExceeded),
-                Some(t) => tokio::time::timeout(t, conn.in_flight.acquire()).await,
-                None => Ok(conn.in_flight.acquire().await),
-            };
-            let _permit = match permit {
-                Ok(Ok(p)) => p,
-                Ok(Err(_)) => break 'call Err(CallError::Disconnected("client closed".into())),
-                Err(_) => break 'call Err(CallError::DeadlineExceeded),
+            let closed = || CallError::Disconnected("client closed".into());
+            let _permit = match (remaining(), conn.in_flight.try_acquire()) {
+                (Some(Duration::ZERO), _) => break 'call Err(CallError::DeadlineExceeded),
+                // A permit free now: no future to build (no timer either).
+                (_, Ok(p)) => p,
+                (_, Err(TryAcquireError::Closed)) => break 'call Err(closed()),
+                (Some(t), Err(TryAcquireError::NoPermits)) => {
+                    match tokio::time::timeout(t, conn.in_flight.acquire()).await {
+                        Ok(Ok(p)) => p,
+                        Ok(Err(_)) => break 'call Err(closed()),
+                        Err(_) => break 'call Err(CallError::DeadlineExceeded),
+                    }
+                }
+                (None, Err(TryAcquireError::NoPermits)) => match conn.in_flight.acquire().await {
+                    Ok(p) => p,
+                    Err(_) => break 'call Err(closed()),
+                },
             };
             let remaining = remaining();
             if remaining == Some(Duration::ZERO) {
