@@ -1,6 +1,7 @@
 //! The server: accepts connections, runs one driver task per connection, runs handlers
 //! concurrently (bounded), and shuts down gracefully.
 
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
@@ -12,10 +13,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, CatchUnwind, Either};
 use futures::FutureExt;
-use rpc_transport::{Address, Connection, Listener};
+use rpc_transport::{Address, Connection, Listener, MemPool};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::task::futures::TaskLocalFuture;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::Instrument;
 
@@ -24,7 +26,7 @@ use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
 use super::observe::{self, ServerMethod, ServerOutcome};
 use crate::context::{self, Metadata};
-use crate::error::ConnectError;
+use crate::error::{ConnectError, ServiceError};
 use crate::proto::{
     CancelReason, MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode,
 };
@@ -294,14 +296,37 @@ impl Acceptor {
             draining: false,
             stats_slot: self.board.slot(),
             polls: 0,
+            spare: None,
         };
         connections.spawn(driver.instrument(span));
     }
 }
 
 type HandlerResult = (u64, Result<Bytes, WireError>);
-/// A handler with its context, pool and panic catching, answering with what goes on the wire.
-type HandlerFuture = BoxFuture<'static, Result<Bytes, WireError>>;
+/// What a handler ends with: its answer, or the payload of its panic.
+type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
+/// A handler with its context, pool and panic catching ([`ServerDriver::handler_future`]); a
+/// named type, so that the box it is polled in can be reused ([`ServerDriver::spare`]).
+type HandlerFuture = Either<
+    CatchUnwind<AssertUnwindSafe<TaskLocalFuture<MemPool, TaskLocalFuture<context::Context, ServiceFuture>>>>,
+    std::future::Ready<Caught>,
+>;
+type ServiceFuture = BoxFuture<'static, Result<Bytes, ServiceError>>;
+
+/// A finished handler's answer, as it goes on the wire.
+fn handler_answer(caught: Caught) -> Result<Bytes, WireError> {
+    match caught {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err(e.to_wire()),
+        Err(_) => Err(WireError::new(WireErrorCode::Handler, "handler panicked")),
+    }
+}
+
+/// What a reused handler box holds between calls: nothing of the last call (no allocation:
+/// the unit payload is zero-sized).
+fn spent_handler() -> HandlerFuture {
+    Either::Right(std::future::ready(Err(Box::new(()))))
+}
 type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
 /// The response size expected of each of the service's methods on one connection: the largest
@@ -415,6 +440,8 @@ struct ServerDriver {
     stats_slot: StatsSlot,
     /// Times this driver was polled (for [`ConnStats`]).
     polls: u64,
+    /// The box of the last handler that finished inline, emptied, for the next one.
+    spare: Option<Pin<Box<HandlerFuture>>>,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -513,17 +540,27 @@ impl ServerDriver {
             context::Context::new(call.name.name, method, call_id, self.peer.clone(), deadline, metadata);
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
-        let mut fut = call.span.in_scope(|| self.handler_future(method, payload, ctx));
+        let fut = call.span.in_scope(|| self.handler_future(method, payload, ctx));
+        let mut fut = match self.spare.take() {
+            Some(mut spare) => {
+                spare.as_mut().set(fut);
+                spare
+            }
+            None => Box::pin(fut),
+        };
         if self.inline {
             // The first poll, here, under the call's span (the context and pool are set by the
             // future itself). A waker that does nothing: if the handler waits, the task it moves
             // to polls it again at once and registers its own waker.
             let mut noop = Context::from_waker(futures::task::noop_waker_ref());
-            if let Poll::Ready(result) = call.span.in_scope(|| fut.as_mut().poll(&mut noop)) {
+            if let Poll::Ready(caught) = call.span.in_scope(|| fut.as_mut().poll(&mut noop)) {
+                // The box is kept for the next handler, without this one's context and pool.
+                fut.as_mut().set(spent_handler());
+                self.spare = Some(fut);
                 drop(slot);
                 self.handlers_inline += 1;
                 let now = *now.get_or_insert_with(tokio::time::Instant::now);
-                self.finish(call_id, &call, result, now);
+                self.finish(call_id, &call, handler_answer(caught), now);
                 return;
             }
         }
@@ -531,7 +568,7 @@ impl ServerDriver {
         let results = self.results_tx.clone();
         let task = async move {
             let _slot = slot;
-            let result = fut.await;
+            let result = handler_answer(fut.await);
             let _ = results.send((call_id, result));
         };
         let handle = tokio::spawn(task.instrument(call.span.clone()));
@@ -541,21 +578,17 @@ impl ServerDriver {
     /// The service's handler for one call, run with the call's context and the connection's
     /// pool, its panics answered as a `Handler` error (whether it runs here or in a task).
     fn handler_future(&self, method: MethodId, payload: Bytes, ctx: context::Context) -> HandlerFuture {
-        let panicked = || WireError::new(WireErrorCode::Handler, "handler panicked");
         // Building the future runs the service's code too (decoding the arguments).
         let call = std::panic::catch_unwind(AssertUnwindSafe(|| self.service.call(method, payload)));
-        let Ok(call) = call else {
-            return Box::pin(std::future::ready(Err(panicked())));
-        };
-        // The response is encoded into the connection's registered memory (see `codec::encode`).
-        let fut = crate::codec::with_pool(self.conn.pool().clone(), ctx.scope(call));
-        Box::pin(async move {
-            match AssertUnwindSafe(fut).catch_unwind().await {
-                Ok(Ok(bytes)) => Ok(bytes),
-                Ok(Err(e)) => Err(e.to_wire()),
-                Err(_) => Err(panicked()),
-            }
-        })
+        match call {
+            // The response is encoded into the connection's registered memory (see
+            // `codec::encode`).
+            Ok(call) => Either::Left(
+                AssertUnwindSafe(crate::codec::pool_scope(self.conn.pool().clone(), ctx.scope(call)))
+                    .catch_unwind(),
+            ),
+            Err(panic) => Either::Right(std::future::ready(Err(panic))),
+        }
     }
 
     /// Answers a call whose handler finished, and reports its end.
