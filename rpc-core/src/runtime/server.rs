@@ -697,8 +697,9 @@ impl ServerDriver {
         }
         if !progressed || last {
             progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep)?;
+            // Expired deadlines are events too.
+            self.run_events();
         }
-        self.run_events();
         progressed |= self.start_handlers(cx);
         progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         if let Some(budget) = self.proto.blocked_on_shared_budget() {
