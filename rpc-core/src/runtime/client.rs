@@ -214,24 +214,25 @@ impl Client {
             let timeout = opts.deadline.or(self.shared.default_deadline);
             let remaining = || timeout.map(|t| t.saturating_sub(started.elapsed()));
             let closed = || CallError::Disconnected("client closed".into());
-            let _permit = match (remaining(), conn.in_flight.try_acquire()) {
+            let before = remaining();
+            // The time left is read again only after waiting for a permit.
+            let (_permit, remaining) = match (before, conn.in_flight.try_acquire()) {
                 (Some(Duration::ZERO), _) => break 'call Err(CallError::DeadlineExceeded),
                 // A permit free now: no future to build (no timer either).
-                (_, Ok(p)) => p,
+                (_, Ok(p)) => (p, before),
                 (_, Err(TryAcquireError::Closed)) => break 'call Err(closed()),
                 (Some(t), Err(TryAcquireError::NoPermits)) => {
                     match tokio::time::timeout(t, conn.in_flight.acquire()).await {
-                        Ok(Ok(p)) => p,
+                        Ok(Ok(p)) => (p, remaining()),
                         Ok(Err(_)) => break 'call Err(closed()),
                         Err(_) => break 'call Err(CallError::DeadlineExceeded),
                     }
                 }
                 (None, Err(TryAcquireError::NoPermits)) => match conn.in_flight.acquire().await {
-                    Ok(p) => p,
+                    Ok(p) => (p, None),
                     Err(_) => break 'call Err(closed()),
                 },
             };
-            let remaining = remaining();
             if remaining == Some(Duration::ZERO) {
                 break 'call Err(CallError::DeadlineExceeded);
             }
