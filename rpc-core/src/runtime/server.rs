@@ -302,7 +302,8 @@ impl Acceptor {
     }
 }
 
-type HandlerResult = (u64, Result<Bytes, WireError>);
+/// A spawned handler's call id, its spawn number ([`Running::spawn`]) and its answer.
+type HandlerResult = (u64, u64, Result<Bytes, WireError>);
 /// What a handler ends with: its answer, or the payload of its panic.
 type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
 /// A handler with its context, pool and panic catching ([`ServerDriver::handler_future`]); a
@@ -377,6 +378,9 @@ struct Waiting {
 struct Running {
     abort: AbortHandle,
     call: CallReport,
+    /// Which spawn this is (`handlers_spawned` then): a late answer of a cancelled handler
+    /// whose call id the peer used again is not taken for the new call's.
+    spawn: u64,
 }
 
 /// What a call's end reports (its `call` span, event and metrics).
@@ -565,14 +569,15 @@ impl ServerDriver {
             }
         }
         self.handlers_spawned += 1;
+        let spawn = self.handlers_spawned;
         let results = self.results_tx.clone();
         let task = async move {
             let _slot = slot;
             let result = handler_answer(fut.await);
-            let _ = results.send((call_id, result));
+            let _ = results.send((call_id, spawn, result));
         };
         let handle = tokio::spawn(task.instrument(call.span.clone()));
-        self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call });
+        self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call, spawn });
     }
 
     /// The service's handler for one call, run with the call's context and the connection's
@@ -653,10 +658,12 @@ impl ServerDriver {
         let mut now = None;
         let mut now = || *now.get_or_insert_with(tokio::time::Instant::now);
         for _ in 0..driver::COMPLETION_BATCH {
-            let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
+            let Poll::Ready(Some((call_id, spawn, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            if let Some(running) = self.handlers.remove(&call_id) {
-                self.finish(call_id, &running.call, result, now());
+            if self.handlers.get(&call_id).is_some_and(|r| r.spawn == spawn) {
+                if let Some(running) = self.handlers.remove(&call_id) {
+                    self.finish(call_id, &running.call, result, now());
+                }
             }
         }
         progressed
@@ -690,8 +697,9 @@ impl ServerDriver {
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.run_events();
         // Results come only from spawned handlers (a spawned handler's entry stays until its
-        // result is taken or it is cancelled; a cancelled one's late result waits here, at most
-        // one per handler, until the next look).
+        // result is taken or it is cancelled; a cancelled one's late result waits in the
+        // channel, at most one per handler, until the next look, which tells it apart by its
+        // spawn number).
         if !self.handlers.is_empty() {
             progressed |= self.poll_results(cx);
         }
