@@ -41,6 +41,14 @@ pub fn with_pool<F: std::future::Future>(
     pool: MemPool,
     fut: F,
 ) -> impl std::future::Future<Output = F::Output> {
+    pool_scope(pool, fut)
+}
+
+/// [`with_pool`], as a type the server can name (it keeps handler futures in a reused box).
+pub(crate) fn pool_scope<F: std::future::Future>(
+    pool: MemPool,
+    fut: F,
+) -> tokio::task::futures::TaskLocalFuture<MemPool, F> {
     POOL.scope(pool, fut)
 }
 

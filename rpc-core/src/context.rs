@@ -327,8 +327,11 @@ impl Context {
     }
 
     /// Runs `fut` with this context as [`current()`].
-    pub(crate) async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
-        CURRENT.scope(self, fut).await
+    pub(crate) fn scope<F: std::future::Future>(
+        self,
+        fut: F,
+    ) -> tokio::task::futures::TaskLocalFuture<Context, F> {
+        CURRENT.scope(self, fut)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The server end of a connection: receives requests, sends responses.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -287,7 +288,8 @@ impl ServerProto {
     /// a client that never READs its responses from making the server produce more of them.
     /// The reservation is exchanged for the real size in [`ServerProto::respond`].
     pub fn try_start_handler(&mut self, call_id: u64, estimate: u64) -> bool {
-        let Some(call) = self.calls.get(&call_id) else { return true };
+        // One lookup (the table is keyed by the peer's ids: a hash that resists collisions).
+        let Some(call) = self.calls.get_mut(&call_id) else { return true };
         if call.reserved != 0 {
             return true;
         }
@@ -303,9 +305,7 @@ impl ServerProto {
             return false;
         }
         budget.force_reserve(want);
-        if let Some(call) = self.calls.get_mut(&call_id) {
-            call.reserved = want;
-        }
+        call.reserved = want;
         true
     }
 
@@ -318,10 +318,12 @@ impl ServerProto {
     /// Answers a call whose handler finished. Answers to calls that were cancelled or expired
     /// meanwhile are dropped (returns `false`).
     pub fn respond(&mut self, call_id: u64, result: Result<Bytes, WireError>) -> bool {
-        let Some(call) = self.calls.get_mut(&call_id).filter(|c| c.state == State::Running) else {
+        // One lookup: the entry is removed or updated below without hashing again.
+        let Entry::Occupied(mut call) = self.calls.entry(call_id) else { return false };
+        if call.get().state != State::Running {
             return false;
-        };
-        let reserved = std::mem::take(&mut call.reserved);
+        }
+        let reserved = std::mem::take(&mut call.get_mut().reserved);
         self.link.rdv.budget.release(reserved);
         let payload = match result {
             Ok(p) if p.len() as u64 > self.peer_max_message => Err(WireError::new(
@@ -336,19 +338,17 @@ impl ServerProto {
         };
         match payload {
             Err(e) => {
-                self.calls.remove(&call_id);
+                call.remove();
                 self.queue_error(call_id, &e);
             }
             Ok(p) if p.len() <= self.link.eager_limit => {
-                self.calls.remove(&call_id);
+                call.remove();
                 self.link.stats.eager_sent += 1;
                 self.link.stats.calls_completed += 1;
                 self.queue_response(call_id, 0, p);
             }
             Ok(p) => {
-                if let Some(call) = self.calls.get_mut(&call_id) {
-                    call.state = State::Registering;
-                }
+                call.get_mut().state = State::Registering;
                 self.link.rdv.reserve_own(call_id, p.len() as u64);
                 self.link.push_op(Op::Register { call_id, data: p });
             }

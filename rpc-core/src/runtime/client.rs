@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_transport::{Address, Connection, Detail, MemPool, TransportError};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore, TryAcquireError};
 use tracing::field::Empty;
 use tracing::Instrument;
 
@@ -213,17 +213,26 @@ impl Client {
             }
             let timeout = opts.deadline.or(self.shared.default_deadline);
             let remaining = || timeout.map(|t| t.saturating_sub(started.elapsed()));
-            let permit = match remaining() {
-                Some(Duration::ZERO) => break 'call Err(CallError::DeadlineExceeded),
-                Some(t) => tokio::time::timeout(t, conn.in_flight.acquire()).await,
-                None => Ok(conn.in_flight.acquire().await),
+            let closed = || CallError::Disconnected("client closed".into());
+            let before = remaining();
+            // The time left is read again only after waiting for a permit.
+            let (_permit, remaining) = match (before, conn.in_flight.try_acquire()) {
+                (Some(Duration::ZERO), _) => break 'call Err(CallError::DeadlineExceeded),
+                // A permit free now: no future to build (no timer either).
+                (_, Ok(p)) => (p, before),
+                (_, Err(TryAcquireError::Closed)) => break 'call Err(closed()),
+                (Some(t), Err(TryAcquireError::NoPermits)) => {
+                    match tokio::time::timeout(t, conn.in_flight.acquire()).await {
+                        Ok(Ok(p)) => (p, remaining()),
+                        Ok(Err(_)) => break 'call Err(closed()),
+                        Err(_) => break 'call Err(CallError::DeadlineExceeded),
+                    }
+                }
+                (None, Err(TryAcquireError::NoPermits)) => match conn.in_flight.acquire().await {
+                    Ok(p) => (p, None),
+                    Err(_) => break 'call Err(closed()),
+                },
             };
-            let _permit = match permit {
-                Ok(Ok(p)) => p,
-                Ok(Err(_)) => break 'call Err(CallError::Disconnected("client closed".into())),
-                Err(_) => break 'call Err(CallError::DeadlineExceeded),
-            };
-            let remaining = remaining();
             if remaining == Some(Duration::ZERO) {
                 break 'call Err(CallError::DeadlineExceeded);
             }
@@ -523,11 +532,17 @@ impl ClientDriver {
         self.slots.close(reason);
     }
 
-    fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> Result<bool, Fatal> {
+    /// One round of work. Timers are driven when nothing else progressed (the round before the
+    /// driver waits) or when `last` (before it yields), so that they are armed whenever it
+    /// stops, but not looked at in every busy round.
+    fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool, last: bool) -> Result<bool, Fatal> {
         let mut progressed = self.poll_commands(cx, armed);
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
-        driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+        if !progressed || last {
+            progressed |=
+                driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
+        }
+        progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
         Ok(progressed)
     }
@@ -549,8 +564,8 @@ impl Future for ClientDriver {
         this.polls += 1;
         this.scratch.clock.reset();
         let mut armed = false;
-        for _ in 0..ROUNDS_PER_WAKE {
-            match this.poll_round(cx, &mut armed) {
+        for round in 1..=ROUNDS_PER_WAKE {
+            match this.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
                 Err(fatal) => {
                     this.fail(fatal);
                     return Poll::Ready(());

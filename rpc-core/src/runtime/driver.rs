@@ -176,7 +176,11 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
     scratch: &mut Scratch,
 ) -> Result<bool, Fatal> {
     let mut posted = false;
-    while let Poll::Ready(Some(ready)) = scratch.destinations.poll_next_unpin(cx) {
+    // Polled only while it holds something: an empty set has nothing to wake us for, and a
+    // destination pushed by `post_ops` is polled in the round that follows (`post_ops` reports
+    // it as progress).
+    while !scratch.destinations.is_empty() {
+        let Poll::Ready(Some(ready)) = scratch.destinations.poll_next_unpin(cx) else { break };
         let (wr_id, remote, dst) = ready.map_err(|e| {
             Fatal::Transport(TransportError::Disconnected(Detail::caused_by(
                 "making a READ destination failed",
@@ -248,12 +252,14 @@ impl Scratch {
 
 /// Posts every operation the state machine asks for. SENDs go to the transport together at the
 /// end (rdma: one doorbell per 16), or before a revocation, so that the order of SENDs and
-/// revocations is kept.
+/// revocations is kept. Returns whether a READ destination is being made: the caller must run
+/// another round, whose [`poll_completions`] polls it (and registers for its end).
 pub(crate) fn post_ops<P: ProtoEnd>(
     conn: &mut dyn Connection,
     proto: &mut P,
     scratch: &mut Scratch,
-) -> Result<(), Fatal> {
+) -> Result<bool, Fatal> {
+    let mut making = false;
     let sends = &mut scratch.sends;
     while let Some(op) = proto.next_op() {
         match op {
@@ -287,6 +293,7 @@ pub(crate) fn post_ops<P: ProtoEnd>(
                         let pool = pool.clone();
                         let alloc = move || (wr_id, remote, pool.alloc_or_heap(len));
                         scratch.destinations.push(tokio::task::spawn_blocking(alloc));
+                        making = true;
                     }
                 }
             }
@@ -295,7 +302,7 @@ pub(crate) fn post_ops<P: ProtoEnd>(
     if !sends.is_empty() {
         conn.post_send_batch(sends).map_err(Fatal::Transport)?;
     }
-    Ok(())
+    Ok(making)
 }
 
 /// After the connection closed: carries out the revocations the state machine still asks for

@@ -1,6 +1,7 @@
 //! The server: accepts connections, runs one driver task per connection, runs handlers
 //! concurrently (bounded), and shuts down gracefully.
 
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
@@ -12,10 +13,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, CatchUnwind, Either};
 use futures::FutureExt;
-use rpc_transport::{Address, Connection, Listener};
+use rpc_transport::{Address, Connection, Listener, MemPool};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::task::futures::TaskLocalFuture;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::Instrument;
 
@@ -24,7 +26,7 @@ use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
 use super::observe::{self, ServerMethod, ServerOutcome};
 use crate::context::{self, Metadata};
-use crate::error::ConnectError;
+use crate::error::{ConnectError, ServiceError};
 use crate::proto::{
     CancelReason, MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode,
 };
@@ -289,17 +291,43 @@ impl Acceptor {
             scratch: driver::Scratch::new(),
             sleep: driver::Timer::new(),
             shutdown: shutdown_signal(self.shutdown.clone()),
+            shutdown_flag: self.shutdown.clone(),
+            shutdown_waker: None,
             draining: false,
             stats_slot: self.board.slot(),
             polls: 0,
+            spare: None,
         };
         connections.spawn(driver.instrument(span));
     }
 }
 
-type HandlerResult = (u64, Result<Bytes, WireError>);
-/// A handler with its context, pool and panic catching, answering with what goes on the wire.
-type HandlerFuture = BoxFuture<'static, Result<Bytes, WireError>>;
+/// A spawned handler's call id, its spawn number ([`Running::spawn`]) and its answer.
+type HandlerResult = (u64, u64, Result<Bytes, WireError>);
+/// What a handler ends with: its answer, or the payload of its panic.
+type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
+/// A handler with its context, pool and panic catching ([`ServerDriver::handler_future`]); a
+/// named type, so that the box it is polled in can be reused ([`ServerDriver::spare`]).
+type HandlerFuture = Either<
+    CatchUnwind<AssertUnwindSafe<TaskLocalFuture<MemPool, TaskLocalFuture<context::Context, ServiceFuture>>>>,
+    std::future::Ready<Caught>,
+>;
+type ServiceFuture = BoxFuture<'static, Result<Bytes, ServiceError>>;
+
+/// A finished handler's answer, as it goes on the wire.
+fn handler_answer(caught: Caught) -> Result<Bytes, WireError> {
+    match caught {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err(e.to_wire()),
+        Err(_) => Err(WireError::new(WireErrorCode::Handler, "handler panicked")),
+    }
+}
+
+/// What a reused handler box holds between calls: nothing of the last call (no allocation:
+/// the unit payload is zero-sized).
+fn spent_handler() -> HandlerFuture {
+    Either::Right(std::future::ready(Err(Box::new(()))))
+}
 type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
 /// The response size expected of each of the service's methods on one connection: the largest
@@ -350,6 +378,9 @@ struct Waiting {
 struct Running {
     abort: AbortHandle,
     call: CallReport,
+    /// Which spawn this is (`handlers_spawned` then): a late answer of a cancelled handler
+    /// whose call id the peer used again is not taken for the new call's.
+    spawn: u64,
 }
 
 /// What a call's end reports (its `call` span, event and metrics).
@@ -403,12 +434,18 @@ struct ServerDriver {
     scratch: driver::Scratch,
     sleep: driver::Timer,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// The same signal, looked at without polling `shutdown`: whether it may have come.
+    shutdown_flag: watch::Receiver<bool>,
+    /// The waker `shutdown` was last polled with (it stays registered there).
+    shutdown_waker: Option<std::task::Waker>,
     draining: bool,
     /// This connection's own slot of the server's board: publishing never contends with
     /// other connections.
     stats_slot: StatsSlot,
     /// Times this driver was polled (for [`ConnStats`]).
     polls: u64,
+    /// The box of the last handler that finished inline, emptied, for the next one.
+    spare: Option<Pin<Box<HandlerFuture>>>,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -500,51 +537,58 @@ impl ServerDriver {
             context::Context::new(call.name.name, method, call_id, self.peer.clone(), deadline, metadata);
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
-        let mut fut = call.span.in_scope(|| self.handler_future(method, payload, ctx));
+        let fut = call.span.in_scope(|| self.handler_future(method, payload, ctx));
+        let mut fut = match self.spare.take() {
+            Some(mut spare) => {
+                spare.as_mut().set(fut);
+                spare
+            }
+            None => Box::pin(fut),
+        };
         if self.inline {
             // The first poll, here, under the call's span (the context and pool are set by the
             // future itself). A waker that does nothing: if the handler waits, the task it moves
             // to polls it again at once and registers its own waker.
             let mut noop = Context::from_waker(futures::task::noop_waker_ref());
-            if let Poll::Ready(result) = call.span.in_scope(|| fut.as_mut().poll(&mut noop)) {
+            if let Poll::Ready(caught) = call.span.in_scope(|| fut.as_mut().poll(&mut noop)) {
+                // The box is kept for the next handler, without this one's context and pool.
+                fut.as_mut().set(spent_handler());
+                self.spare = Some(fut);
                 drop(slot);
                 self.handlers_inline += 1;
                 // The handler ran here: its end is read from the clock afresh.
                 self.scratch.clock.reset();
                 let now = self.scratch.clock.now();
-                self.finish(call_id, &call, result, now);
+                self.finish(call_id, &call, handler_answer(caught), now);
                 return;
             }
         }
         self.handlers_spawned += 1;
+        let spawn = self.handlers_spawned;
         let results = self.results_tx.clone();
         let task = async move {
             let _slot = slot;
-            let result = fut.await;
-            let _ = results.send((call_id, result));
+            let result = handler_answer(fut.await);
+            let _ = results.send((call_id, spawn, result));
         };
         let handle = tokio::spawn(task.instrument(call.span.clone()));
-        self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call });
+        self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call, spawn });
     }
 
     /// The service's handler for one call, run with the call's context and the connection's
     /// pool, its panics answered as a `Handler` error (whether it runs here or in a task).
     fn handler_future(&self, method: MethodId, payload: Bytes, ctx: context::Context) -> HandlerFuture {
-        let panicked = || WireError::new(WireErrorCode::Handler, "handler panicked");
         // Building the future runs the service's code too (decoding the arguments).
         let call = std::panic::catch_unwind(AssertUnwindSafe(|| self.service.call(method, payload)));
-        let Ok(call) = call else {
-            return Box::pin(std::future::ready(Err(panicked())));
-        };
-        // The response is encoded into the connection's registered memory (see `codec::encode`).
-        let fut = crate::codec::with_pool(self.conn.pool().clone(), ctx.scope(call));
-        Box::pin(async move {
-            match AssertUnwindSafe(fut).catch_unwind().await {
-                Ok(Ok(bytes)) => Ok(bytes),
-                Ok(Err(e)) => Err(e.to_wire()),
-                Err(_) => Err(panicked()),
-            }
-        })
+        match call {
+            // The response is encoded into the connection's registered memory (see
+            // `codec::encode`).
+            Ok(call) => Either::Left(
+                AssertUnwindSafe(crate::codec::pool_scope(self.conn.pool().clone(), ctx.scope(call)))
+                    .catch_unwind(),
+            ),
+            Err(panic) => Either::Right(std::future::ready(Err(panic))),
+        }
     }
 
     /// Answers a call whose handler finished, and reports its end.
@@ -604,37 +648,64 @@ impl ServerDriver {
     fn poll_results(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
         for _ in 0..driver::COMPLETION_BATCH {
-            let Poll::Ready(Some((call_id, result))) = self.results.poll_recv(cx) else { break };
+            let Poll::Ready(Some((call_id, spawn, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            if let Some(running) = self.handlers.remove(&call_id) {
-                let now = self.scratch.clock.now();
-                self.finish(call_id, &running.call, result, now);
+            if self.handlers.get(&call_id).is_some_and(|r| r.spawn == spawn) {
+                if let Some(running) = self.handlers.remove(&call_id) {
+                    let now = self.scratch.clock.now();
+                    self.finish(call_id, &running.call, result, now);
+                }
             }
         }
         progressed
     }
 
+    /// Polls the shutdown signal when it may have come (or the server is gone), or when this
+    /// task's waker is not the one the signal holds; otherwise a look at the flag is enough.
     fn poll_shutdown(&mut self, cx: &mut Context<'_>) {
-        if !self.draining && self.shutdown.as_mut().poll(cx).is_ready() {
+        if self.draining {
+            return;
+        }
+        let signalled = !matches!(self.shutdown_flag.has_changed(), Ok(false));
+        let registered = self.shutdown_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if !signalled && registered {
+            return;
+        }
+        if self.shutdown.as_mut().poll(cx).is_ready() {
             tracing::debug!(calls = self.proto.calls_in_flight(), "draining for shutdown");
             self.draining = true;
             self.proto.begin_shutdown();
+        } else if !registered {
+            self.shutdown_waker = Some(cx.waker().clone());
         }
     }
 
-    fn poll_round(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
+    /// One round of work. Timers are driven when nothing else progressed (the round before the
+    /// driver waits) or when `last` (before it yields), so that they are armed whenever it
+    /// stops, but not looked at in every busy round.
+    fn poll_round(&mut self, cx: &mut Context<'_>, last: bool) -> Result<bool, Fatal> {
         let mut progressed =
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.run_events();
-        progressed |= self.poll_results(cx);
-        progressed |= driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
-        self.run_events();
+        // Results come only from spawned handlers (a spawned handler's entry stays until its
+        // result is taken or it is cancelled; a cancelled one's late result waits in the
+        // channel, at most one per handler, until the next look, which tells it apart by its
+        // spawn number).
+        if !self.handlers.is_empty() {
+            progressed |= self.poll_results(cx);
+        }
+        if !progressed || last {
+            progressed |=
+                driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
+            // Expired deadlines are events too.
+            self.run_events();
+        }
         progressed |= self.start_handlers(cx);
-        driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+        progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         if let Some(budget) = self.proto.blocked_on_shared_budget() {
             // A READ waits for the server-wide budget: be woken by a release, then retry.
             budget.register_waker(cx.waker());
-            driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+            progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         }
         Ok(progressed)
     }
@@ -675,8 +746,8 @@ impl Future for ServerDriver {
         // Once per wake-up: its waker stays registered for the rounds below (the signal is
         // polled by this task only).
         this.poll_shutdown(cx);
-        for _ in 0..ROUNDS_PER_WAKE {
-            match this.poll_round(cx) {
+        for round in 1..=ROUNDS_PER_WAKE {
+            match this.poll_round(cx, round == ROUNDS_PER_WAKE) {
                 Err(Fatal::Transport(e)) => {
                     tracing::debug!(error = %e, "connection closed");
                     this.stop();

@@ -90,6 +90,19 @@ impl Connection for MemConnection {
         if msg.len() > max {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
         }
+        if self.plan.completion_delay().is_zero() && self.delay.is_idle() && !self.plan.black_holed() {
+            // Delivered and completed here, in order (nothing is delayed before it): the SEND
+            // is never pending, so nothing is recorded.
+            return self.local.send_at_once(wr_id, || {
+                let delivered = match self.plan.next_send_fault() {
+                    SendFault::Fail => return Err(TransportError::Injected("fail_next_completions")),
+                    SendFault::Corrupt => self.peer.deliver(&corrupt(&msg)),
+                    SendFault::None => self.peer.deliver(&msg),
+                };
+                // A delivery that kills the peer takes this end down too.
+                delivered.map_err(|death| TransportError::Disconnected(death.detail().context("peer closed")))
+            });
+        }
         let op = self.local.begin_send(wr_id)?;
         if self.plan.black_holed() {
             // Vanishes: no delivery, no completion; flushed if the connection dies.

@@ -19,6 +19,11 @@ pub(crate) struct DelayLine {
 }
 
 impl DelayLine {
+    /// Whether no job waits: a job without delay would run at once.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0
+    }
+
     /// Runs `job` after `delay`: at once if there is no delay and nothing is waiting, otherwise
     /// behind every job submitted before it. Without a tokio runtime a delay cannot be honoured
     /// and the job runs at once.

@@ -214,6 +214,21 @@ impl Soft {
         self.update(|st| st.begin_send(wr_id)).map_err(|d| d.to_error())
     }
 
+    /// A SEND that the backend carries out at once (`mem` without a delay): counted as
+    /// [`Soft::begin_send`] counts it, carried out by `send` outside the lock, then completed
+    /// with `send`'s result, never recorded as pending. `Err` (and `send` not called) if the
+    /// endpoint is dead; if it dies meanwhile, the SEND completes as a flushed one does.
+    pub(crate) fn send_at_once(
+        &self,
+        wr_id: WrId,
+        send: impl FnOnce() -> Result<(), TransportError>,
+    ) -> Result<(), TransportError> {
+        self.update(|st| st.begin_send_at_once()).map_err(|d| d.to_error())?;
+        let result = send();
+        self.update(|st| st.complete_send_at_once(wr_id, result));
+        Ok(())
+    }
+
     /// Completes a pending SEND (no effect if it was flushed meanwhile).
     pub(crate) fn complete_send(&self, op: OpId, result: Result<(), TransportError>) {
         self.update(|st| st.complete_send(op, result))

@@ -177,6 +177,23 @@ impl State {
         Ok(self.new_op(Pending::Send(wr_id)))
     }
 
+    /// Counts a SEND carried out at once (see [`super::Soft::send_at_once`]).
+    pub(super) fn begin_send_at_once(&mut self) -> Result<(), Death> {
+        self.alive()?;
+        self.counters.sends += 1;
+        Ok(())
+    }
+
+    /// Completes a SEND carried out at once: with its result, or as flushed (as [`State::die`]
+    /// completes pending SENDs) if the endpoint died meanwhile.
+    pub(super) fn complete_send_at_once(&mut self, wr_id: WrId, result: Result<(), TransportError>) {
+        let result = match &self.dead {
+            Some(death) => Err(TransportError::Disconnected(death.detail())),
+            None => result,
+        };
+        self.push(Completion::Send { wr_id, result });
+    }
+
     pub(super) fn complete_send(&mut self, op: OpId, result: Result<(), TransportError>) {
         if let Some(Pending::Send(wr_id)) = self.pending.get(&op) {
             let wr_id = *wr_id;
