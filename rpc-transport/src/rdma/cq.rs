@@ -12,8 +12,9 @@
 //!    thread is what makes spinning pay on a current-thread runtime;
 //! 3. if the CQ is not armed: `ibv_req_notify_cq`, then **poll once more** (a completion that
 //!    landed between the empty poll and the arming raises no event);
-//! 4. wait for the channel fd: on readiness take every event (`ibv_get_cq_event`), acknowledge them
-//!    in batches (`ibv_ack_cq_events`), and go back to 1 (the CQ is disarmed again).
+//! 4. wait for the channel fd: on readiness take the event (`ibv_get_cq_event`; an armed CQ raises
+//!    one, and the channel is this CQ's alone), acknowledge events in batches
+//!    (`ibv_ack_cq_events`), and go back to 1 (the CQ is disarmed again).
 //!
 //! No timer papers over a missed wake-up: the arm-then-poll order makes one impossible. All taken
 //! events are acknowledged before the CQ can be destroyed (in `Drop`), as `ibv_destroy_cq` would
@@ -128,15 +129,14 @@ impl CqPoller {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(mut guard)) => {
-                    loop {
-                        if sys::get_cq_event(guard.get_inner())? {
-                            self.unacked += 1;
-                            self.armed = false;
-                        } else {
-                            guard.clear_ready();
-                            break;
-                        }
+                    // The channel serves this CQ alone, and an armed CQ raises one event: after
+                    // taking it the channel holds no other until we arm again, so readiness is
+                    // cleared without a second read to see EAGAIN (a system call per wake-up).
+                    if sys::get_cq_event(guard.get_inner())? {
+                        self.unacked += 1;
+                        self.armed = false;
                     }
+                    guard.clear_ready();
                     if self.unacked >= ACK_BATCH {
                         self.ack_events();
                     }
