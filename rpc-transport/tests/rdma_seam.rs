@@ -811,10 +811,8 @@ async fn pool_keys_and_per_call_keys() {
 const PAGE: usize = 4096;
 
 /// `len` bytes of a fresh buffer starting at `page_off` within a page, filled with a pattern.
-fn bytes_at_page_offset(page_off: usize, len: usize, seed: u8) -> Bytes {
-    let backing = Bytes::from(
-        (0..len + 2 * PAGE).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>(),
-    );
+fn bytes_at_page_offset(page_off: usize, len: usize) -> Bytes {
+    let backing = Bytes::from(pattern(len + 2 * PAGE));
     let start = (PAGE - backing.as_ptr() as usize % PAGE) % PAGE + page_off;
     backing.slice(start..start + len)
 }
@@ -851,7 +849,7 @@ async fn reads_across_page_boundaries() {
                     b.copy_from_slice(&pattern(len));
                     b.freeze()
                 } else {
-                    bytes_at_page_offset(src_off, len, src_off as u8)
+                    bytes_at_page_offset(src_off, len)
                 };
                 let src_off = src.as_ptr() as usize % PAGE;
                 let (dst, dst_off): (rpc_transport::Buf, usize) = match dest {

@@ -40,7 +40,7 @@ const ACK_BATCH: u32 = 16;
 const POLL_BATCH: usize = 32;
 /// Empty busy-poll spins between two readings of the clock (a window overshoots by at most
 /// this many spins: tens of microseconds).
-const SPINS_PER_CLOCK_READ: u32 = 16;
+const SPINS_PER_CLOCK_READ: u64 = 16;
 
 /// A CQ with its completion channel, polled asynchronously.
 pub(crate) struct CqPoller {
@@ -55,8 +55,6 @@ pub(crate) struct CqPoller {
     spin_since: Option<Instant>,
     /// Polls that found nothing inside a busy-poll window (its CPU cost, for counters).
     spins: u64,
-    /// Empty polls in the current window.
-    window_spins: u32,
     /// The current window ran out (until the next completion).
     window_spent: bool,
 }
@@ -88,7 +86,6 @@ impl CqPoller {
             busy_poll: cfg.busy_poll,
             spin_since: None,
             spins: 0,
-            window_spins: 0,
             window_spent: false,
         })
     }
@@ -175,12 +172,11 @@ impl CqPoller {
             None if self.armed => false, // asleep on the channel: no window until a completion
             None => {
                 self.spin_since = Some(Instant::now());
-                self.window_spins = 0;
                 true
             }
             Some(since) => {
-                self.window_spins = self.window_spins.wrapping_add(1);
-                if self.window_spins % SPINS_PER_CLOCK_READ != 0 {
+                // `spins` counts every empty poll inside a window: one in this many reads the clock.
+                if self.spins % SPINS_PER_CLOCK_READ != 0 {
                     return true;
                 }
                 // A window that ran out is spent until the next completion.
