@@ -2,6 +2,7 @@
 //! concurrently (bounded), and shuts down gracefully.
 
 use std::any::Any;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
@@ -650,8 +651,10 @@ impl ServerDriver {
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, spawn, result))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            if self.handlers.get(&call_id).is_some_and(|r| r.spawn == spawn) {
-                if let Some(running) = self.handlers.remove(&call_id) {
+            // One lookup: the entry is taken only if it is this spawn's.
+            if let Entry::Occupied(entry) = self.handlers.entry(call_id) {
+                if entry.get().spawn == spawn {
+                    let running = entry.remove();
                     let now = self.scratch.clock.now();
                     self.finish(call_id, &running.call, result, now);
                 }
