@@ -399,11 +399,6 @@ impl RdmaConnection {
         self.flush_rq();
         while !self.sq_batch.is_empty() {
             let n = self.sq_batch.len().min(POST_BATCH);
-            let empty = SendWr { wr_id: 0, op: SendOp::Send { inline: false }, signaled: false, sge: None };
-            let mut wrs = [empty; POST_BATCH];
-            for (slot, b) in wrs.iter_mut().zip(&self.sq_batch[..n]) {
-                *slot = b.wr;
-            }
             let result = match self.qp.as_ref() {
                 // SAFETY: every SGE names memory registered in the QP's PD and kept alive past the
                 // request's completion (or flush, or the QP's destruction): a send slab slot, a
@@ -412,7 +407,7 @@ impl RdmaConnection {
                 // `ReadOp` until every chunk came back; none is written (SEND) or touched (READ)
                 // by Rust code meanwhile. An inline SEND's bytes are only read during the call,
                 // and its `Batched` entry keeps them alive until after it.
-                Some(qp) => unsafe { sys::post_send(qp, &wrs[..n]) },
+                Some(qp) => unsafe { sys::post_send(qp, self.sq_batch[..n].iter().map(|b| &b.wr)) },
                 None => Err(PostError { posted: 0, error: std::io::Error::other("queue pair destroyed") }),
             };
             let posted = match &result {

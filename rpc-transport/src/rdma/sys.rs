@@ -8,6 +8,7 @@
 //! fields sideway has no setters for.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::{self, NonNull};
 
@@ -92,7 +93,7 @@ fn post_errno(ret: i32) -> io::Error {
 }
 
 /// Posts up to [`POST_BATCH`] send-queue work requests as one chain (one doorbell), without
-/// allocating.
+/// allocating. Only the entries posted are initialised (not the whole stack array).
 ///
 /// # Safety
 /// For every request with an SGE, `addr..addr + len` lies in memory registered with `lkey` in
@@ -100,23 +101,25 @@ fn post_errno(ret: i32) -> io::Error {
 /// (a SEND) or not read nor written by Rust code (a READ destination), until the request's
 /// completion is polled, the QP is destroyed, or, for an unsignaled request, a later request's
 /// completion is polled. Inline data is only read during this call.
-pub(crate) unsafe fn post_send(qp: &BasicQueuePair, wrs: &[SendWr]) -> Result<(), PostError> {
+pub(crate) unsafe fn post_send<'a>(
+    qp: &BasicQueuePair,
+    wrs: impl ExactSizeIterator<Item = &'a SendWr>,
+) -> Result<(), PostError> {
     debug_assert!(wrs.len() <= POST_BATCH);
-    let wrs = &wrs[..wrs.len().min(POST_BATCH)];
-    if wrs.is_empty() {
+    let n = wrs.len().min(POST_BATCH);
+    if n == 0 {
         return Ok(());
     }
-    // SAFETY: `ibv_send_wr` and `ibv_sge` are plain C structs (integers, pointers, unions of
-    // integers): all-zero is a valid value of each.
-    let mut raw: [ffi::ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, a plain C struct.
-    let mut sges: [ffi::ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
-    for (i, wr) in wrs.iter().enumerate() {
+    let mut raw = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_BATCH];
+    let mut sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_BATCH];
+    for (i, wr) in wrs.take(n).enumerate() {
         let mut flags: u32 = 0;
         if wr.signaled {
             flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        let r = &mut raw[i];
+        // SAFETY: `ibv_send_wr` is a plain C struct (integers, pointers, unions of integers):
+        // all-zero is a valid value.
+        let r = raw[i].write(unsafe { std::mem::zeroed() });
         r.wr_id = wr.wr_id;
         match wr.op {
             SendOp::Send { inline } => {
@@ -133,21 +136,19 @@ pub(crate) unsafe fn post_send(qp: &BasicQueuePair, wrs: &[SendWr]) -> Result<()
         }
         r.send_flags = flags;
         if let Some(sge) = wr.sge {
-            sges[i] = ffi::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
-            r.sg_list = &mut sges[i];
+            r.sg_list = sges[i].write(ffi::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey });
             r.num_sge = 1;
         }
     }
-    let n = wrs.len();
-    for i in 0..n - 1 {
-        raw[i].next = &mut raw[i + 1];
-    }
+    // SAFETY: the loop above initialised the first `n` entries (`wrs` yields `n` items: it is
+    // an exact-size iterator of at least `n`).
+    let raw = unsafe { assume_init_chain(&mut raw[..n]) };
     let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
     // SAFETY: the QP is alive (borrowed); the chain of `n` requests and their SGEs are valid
     // locals for the duration of the call (the provider copies them); the memory the SGEs name
     // is the caller's obligation (see # Safety).
     let ret = unsafe { ffi::ibv_post_send(qp.qp().as_ptr(), raw.as_mut_ptr(), &mut bad) };
-    post_outcome(&raw[..n], bad, ret)
+    post_outcome(raw, bad, ret)
 }
 
 /// Posts up to [`POST_BATCH`] receive work requests as one chain, without allocating.
@@ -159,28 +160,60 @@ pub(crate) unsafe fn post_send(qp: &BasicQueuePair, wrs: &[SendWr]) -> Result<()
 pub(crate) unsafe fn post_recv(qp: &BasicQueuePair, wrs: &[RecvWr]) -> Result<(), PostError> {
     debug_assert!(wrs.len() <= POST_BATCH);
     let wrs = &wrs[..wrs.len().min(POST_BATCH)];
-    if wrs.is_empty() {
+    let n = wrs.len();
+    if n == 0 {
         return Ok(());
     }
-    // SAFETY: plain C structs, all-zero is valid (as in post_send).
-    let mut raw: [ffi::ibv_recv_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, a plain C struct.
-    let mut sges: [ffi::ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+    let mut raw = [const { MaybeUninit::<ffi::ibv_recv_wr>::uninit() }; POST_BATCH];
+    let mut sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_BATCH];
     for (i, wr) in wrs.iter().enumerate() {
-        sges[i] = ffi::ibv_sge { addr: wr.sge.addr, length: wr.sge.len, lkey: wr.sge.lkey };
-        raw[i].wr_id = wr.wr_id;
-        raw[i].sg_list = &mut sges[i];
-        raw[i].num_sge = 1;
+        // SAFETY: a plain C struct, all-zero is valid (as in post_send).
+        let r = raw[i].write(unsafe { std::mem::zeroed() });
+        r.wr_id = wr.wr_id;
+        r.sg_list = sges[i].write(ffi::ibv_sge { addr: wr.sge.addr, length: wr.sge.len, lkey: wr.sge.lkey });
+        r.num_sge = 1;
     }
-    let n = wrs.len();
-    for i in 0..n - 1 {
-        raw[i].next = &mut raw[i + 1];
-    }
+    // SAFETY: the loop above initialised the first `n` entries.
+    let raw = unsafe { assume_init_chain(&mut raw[..n]) };
     let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
     // SAFETY: as in post_send: a live QP, a valid local chain; the memory is the caller's
     // obligation.
     let ret = unsafe { ffi::ibv_post_recv(qp.qp().as_ptr(), raw.as_mut_ptr(), &mut bad) };
-    post_outcome(&raw[..n], bad, ret)
+    post_outcome(raw, bad, ret)
+}
+
+/// A work request with a `next` pointer (`ibv_send_wr`, `ibv_recv_wr`).
+trait Chained: Sized {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Chained for ffi::ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Chained for ffi::ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// The initialised entries as a slice, each linked to the next (the last one's `next` stays
+/// null, as zeroed).
+///
+/// # Safety
+/// Every entry of `raw` is initialised.
+unsafe fn assume_init_chain<T: Chained>(raw: &mut [MaybeUninit<T>]) -> &mut [T] {
+    // SAFETY: the caller guarantees every entry is initialised; `MaybeUninit<T>` has `T`'s layout.
+    let raw = unsafe { &mut *(raw as *mut [MaybeUninit<T>] as *mut [T]) };
+    let base = raw.as_mut_ptr();
+    for i in 1..raw.len() {
+        // SAFETY: `i` is in bounds of `raw`, so `base.add(i)` points into it.
+        let next = unsafe { base.add(i) };
+        raw[i - 1].set_next(next);
+    }
+    raw
 }
 
 /// The result of a post of the chain `raw`: on failure, the requests before `bad` (the one the
