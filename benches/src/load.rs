@@ -108,6 +108,15 @@ pub struct Measured {
     pub counters: Option<Counters>,
 }
 
+impl Measured {
+    /// One completed call.
+    fn record(&mut self, latency: Duration, info: CallInfo) {
+        self.histogram.saturating_record(latency.as_nanos().min(u64::MAX as u128) as u64);
+        self.calls += 1;
+        self.paths.count(info);
+    }
+}
+
 /// One point to measure.
 #[derive(Debug, Clone, Copy)]
 pub struct PointSpec {
@@ -162,8 +171,14 @@ impl Gate {
     }
 
     fn admit(&self) -> bool {
+        self.admit_at(None)
+    }
+
+    /// As [`Gate::admit`], with the time now if the caller just read it (a clock read is a system
+    /// call in the project's VM).
+    fn admit_at(&self, now: Option<Instant>) -> bool {
         match self.deadline {
-            Some(at) => Instant::now() < at,
+            Some(at) => now.unwrap_or_else(Instant::now) < at,
             None => self.issued.fetch_add(1, Ordering::Relaxed) < self.limit,
         }
     }
@@ -222,10 +237,12 @@ pub fn new_histogram() -> Histogram<u64> {
     h
 }
 
-async fn timed_call<T: Target>(t: &T, p: &T::Prepared) -> (Duration, Result<CallInfo, BenchError>) {
+/// One call: its latency, its outcome and the moment it ended.
+async fn timed_call<T: Target>(t: &T, p: &T::Prepared) -> (Duration, Result<CallInfo, BenchError>, Instant) {
     let start = Instant::now();
     let result = t.call(p).await;
-    (start.elapsed(), result)
+    let end = Instant::now();
+    (end - start, result, end)
 }
 
 /// One client task: keeps `outstanding` calls in flight while the gate admits more.
@@ -243,18 +260,26 @@ async fn drive<T: Target>(
         counters: None,
     };
     let (t, p) = (&target, &*prepared);
+    if outstanding <= 1 {
+        // One call at a time: a plain loop (no FuturesUnordered node allocated per call), and the
+        // gate reuses the clock reading that ended the call.
+        let mut now = None;
+        while gate.admit_at(now) {
+            let (latency, result, end) = timed_call(t, p).await;
+            out.record(latency, result?);
+            now = Some(end);
+        }
+        return Ok(out);
+    }
     let mut in_flight = FuturesUnordered::new();
     for _ in 0..outstanding {
         if gate.admit() {
             in_flight.push(timed_call(t, p));
         }
     }
-    while let Some((latency, result)) = in_flight.next().await {
-        let info = result?;
-        out.histogram.saturating_record(latency.as_nanos().min(u64::MAX as u128) as u64);
-        out.calls += 1;
-        out.paths.count(info);
-        if gate.admit() {
+    while let Some((latency, result, end)) = in_flight.next().await {
+        out.record(latency, result?);
+        if gate.admit_at(Some(end)) {
             in_flight.push(timed_call(t, p));
         }
     }
