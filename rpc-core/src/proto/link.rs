@@ -31,6 +31,7 @@ use crate::arena::{self, Arena};
 
 use super::budget::Budget;
 use super::config::{PeerLimits, ProtoConfig};
+use super::deadlines::earliest;
 use super::error::ProtoError;
 use super::header::{Header, Kind, HEADER_LEN};
 use super::liveness::Liveness;
@@ -365,7 +366,7 @@ impl Link {
 
     /// The next time keepalive, a READ or a done report must be checked.
     pub fn next_timeout(&mut self) -> Option<Instant> {
-        self.live.next_timeout().into_iter().chain(self.rdv.next_timeout()).min()
+        earliest(self.live.next_timeout(), self.rdv.next_timeout())
     }
 
     /// Silence, an overdue READ or an overdue done report is fatal for the connection.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rpc_transport::{RegionDesc, WrId};
 
 use super::budget::Budget;
-use super::deadlines::DeadlineQueue;
+use super::deadlines::{earliest, DeadlineQueue};
 use super::error::ProtoError;
 use super::link::Op;
 use super::stats::ProtoStats;
@@ -215,10 +215,13 @@ impl Rendezvous {
 
     /// The earliest READ or done deadline.
     pub fn next_timeout(&mut self) -> Option<Instant> {
+        if self.read_deadlines.is_empty() && self.done_deadlines.is_empty() {
+            return None;
+        }
         let (reads, dones) = (&self.in_flight, &self.advertised);
         let read = self.read_deadlines.next(|id, at| reads.get(&id).is_some_and(|r| r.expires == Some(at)));
         let done = self.done_deadlines.next(|id, at| dones.get(&id).is_some_and(|r| r.expires == Some(at)));
-        read.into_iter().chain(done).min()
+        earliest(read, done)
     }
 
     /// A READ or a done report overdue is fatal for the connection.
