@@ -469,6 +469,12 @@ impl ServerProto {
         self.link.poll_op()
     }
 
+    /// Whether [`Self::poll_op`] has anything to do: when not, it would return `None` at once
+    /// and change nothing.
+    pub fn has_ops(&self) -> bool {
+        self.link.has_work()
+    }
+
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<ServerEvent> {
         self.events.pop_front()
