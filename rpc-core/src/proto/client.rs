@@ -8,7 +8,7 @@ use rpc_transport::{Buf, Detail, MemPool, ReadError, RegionDesc, WrId};
 use rustc_hash::FxHashMap;
 
 use super::config::{PeerLimits, ProtoConfig};
-use super::deadlines::DeadlineQueue;
+use super::deadlines::{earliest, DeadlineQueue};
 use super::error::ProtoError;
 use super::header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN};
 use super::link::{Body, Link, Op, Role};
@@ -465,7 +465,7 @@ impl ClientProto {
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         let calls = &self.calls;
         let call = self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)));
-        call.into_iter().chain(self.link.next_timeout()).min()
+        earliest(call, self.link.next_timeout())
     }
 
     /// No call in progress, nothing to send or being sent, no region advertised, no READ: the
@@ -499,6 +499,12 @@ impl ClientProto {
     /// The next operation to post.
     pub fn poll_op(&mut self) -> Option<Op> {
         self.link.poll_op()
+    }
+
+    /// Whether [`Self::poll_op`] has anything to do: when not, it would return `None` at once
+    /// and change nothing.
+    pub fn has_ops(&self) -> bool {
+        self.link.has_work()
     }
 
     /// The next event for the application.

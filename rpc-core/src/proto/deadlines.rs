@@ -4,6 +4,16 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Instant;
 
+/// The earlier of two times, either of which may be absent (`None`: neither is set).
+#[inline]
+pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
 /// A min-heap of `(expiry, call id)`. Entries of calls that finished early stay until they reach
 /// the top, where [`DeadlineQueue::next`] and [`DeadlineQueue::expired`] skip them, or until
 /// [`DeadlineQueue::push_pruned`] finds the heap more than twice as large as what is live: then
@@ -25,6 +35,12 @@ impl DeadlineQueue {
             let new = (at, id);
             self.heap.retain(|Reverse(entry)| *entry == new || is_live(entry.1, entry.0));
         }
+    }
+
+    /// No entry held, live or not: [`DeadlineQueue::next`] would return `None`.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
     }
 
     /// Entries held, live or not (for tests).

@@ -31,6 +31,7 @@ use crate::arena::{self, Arena};
 
 use super::budget::Budget;
 use super::config::{PeerLimits, ProtoConfig};
+use super::deadlines::earliest;
 use super::error::ProtoError;
 use super::header::{Header, Kind, HEADER_LEN};
 use super::liveness::Liveness;
@@ -68,6 +69,42 @@ pub enum Op {
         /// The advertised region.
         remote: RegionDesc,
     },
+}
+
+/// What [`Link::fingerprint`] compares.
+#[cfg(any(test, debug_assertions))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fingerprint {
+    peer_credits: u32,
+    credits_to_return: u32,
+    granted: u32,
+    tx: usize,
+    stalled_counted: usize,
+    pending_dones: usize,
+    ops: usize,
+    next_send_wr: WrId,
+    sends_in_flight: u64,
+    ping_due: bool,
+    pong_due: bool,
+    stats: ProtoStats,
+    /// READs queued and in flight, the next READ's id, whether the budget blocked on the
+    /// endpoint's.
+    rdv: (usize, usize, WrId, bool),
+}
+
+/// One step of [`Link::flush`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FlushStep {
+    /// SEND the frame at the front of the queue.
+    Queued,
+    /// Count the frames newly found waiting for credits.
+    CountStalls,
+    /// SEND the pong the peer's ping asked for.
+    Pong,
+    /// SEND a ping (keepalive).
+    Ping,
+    /// SEND a credit frame: credits to return, or a done report to carry.
+    Credit,
 }
 
 struct Outgoing {
@@ -260,7 +297,66 @@ impl Link {
         }
     }
 
+    /// The next operation to post. Most polls find nothing to do (the driver polls after every
+    /// input, and once more to see that nothing is left): [`Link::has_work`] decides that from
+    /// the state alone, by the very conditions [`Rendezvous::issue`] and [`Link::flush`] act on,
+    /// and the poll returns at once.
+    #[inline]
     pub fn poll_op(&mut self) -> Option<Op> {
+        if !self.has_work() {
+            #[cfg(debug_assertions)]
+            self.assert_quiet();
+            return None;
+        }
+        self.poll_op_slow()
+    }
+
+    /// Whether [`Link::poll_op`] has anything to do: an operation queued, a READ to issue (or a
+    /// wait for the budget to count), or a step of [`Link::flush`]. When not, the full path
+    /// ([`Link::poll_op_slow`]) would yield nothing and change nothing.
+    #[inline]
+    pub(crate) fn has_work(&self) -> bool {
+        !self.ops.is_empty() || self.rdv.can_issue() || self.flush_step().is_some()
+    }
+
+    /// Debug builds check every quick "nothing to do" of [`Link::poll_op`] against the full
+    /// path: it must yield no operation and change nothing.
+    #[cfg(debug_assertions)]
+    fn assert_quiet(&mut self) {
+        let before = self.fingerprint();
+        let op = self.poll_op_slow();
+        assert!(op.is_none(), "poll_op found nothing to do, but the full path yields {op:?}");
+        assert_eq!(
+            before,
+            self.fingerprint(),
+            "poll_op found nothing to do, but the full path changed state"
+        );
+    }
+
+    /// Everything [`Rendezvous::issue`] and [`Link::flush`] can change, for comparisons.
+    #[cfg(any(test, debug_assertions))]
+    pub(crate) fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            peer_credits: self.peer_credits,
+            credits_to_return: self.credits_to_return,
+            granted: self.granted,
+            tx: self.tx.len(),
+            stalled_counted: self.stalled_counted,
+            pending_dones: self.pending_dones.len(),
+            ops: self.ops.len(),
+            next_send_wr: self.next_send_wr,
+            sends_in_flight: self.sends_in_flight,
+            ping_due: self.live.ping_due,
+            pong_due: self.live.pong_due,
+            stats: self.stats(),
+            rdv: self.rdv.fingerprint(),
+        }
+    }
+
+    /// [`Link::poll_op`] without the quick look: issues READs and moves frames into SENDs
+    /// whenever no operation is queued.
+    #[inline(never)]
+    pub(crate) fn poll_op_slow(&mut self) -> Option<Op> {
         if self.ops.is_empty() {
             self.rdv.issue(self.now, &mut self.ops, &mut self.stats);
             self.flush();
@@ -270,7 +366,7 @@ impl Link {
 
     /// The next time keepalive, a READ or a done report must be checked.
     pub fn next_timeout(&mut self) -> Option<Instant> {
-        self.live.next_timeout().into_iter().chain(self.rdv.next_timeout()).min()
+        earliest(self.live.next_timeout(), self.rdv.next_timeout())
     }
 
     /// Silence, an overdue READ or an overdue done report is fatal for the connection.
@@ -295,54 +391,76 @@ impl Link {
         self.tx.len() >= self.backlog_limit
     }
 
-    /// Moves frames whose credits are available into SEND operations.
+    /// What [`Link::flush`] does next, decided from the state alone; `None`: it stops there.
+    /// [`Link::has_work`] asks it too, so the conditions are written down once.
+    #[inline]
+    fn flush_step(&self) -> Option<FlushStep> {
+        // SENDs posted and not completed (a peer that does not drain its side of the
+        // transport) are bounded too: nothing more is posted until some complete.
+        if self.sends_in_flight >= self.send_window {
+            return None;
+        }
+        if !self.tx.is_empty() && self.peer_credits > 1 {
+            return Some(FlushStep::Queued);
+        }
+        // Whatever is still queued waits for credits: count each frame once (`stalled_counted`
+        // never exceeds the queue's length).
+        if self.stalled_counted < self.tx.len() {
+            return Some(FlushStep::CountStalls);
+        }
+        // Pings and pongs are data frames: the last credit stays reserved for a credit
+        // frame, which always carries credits back (a pong might carry none).
+        if self.live.pong_due && self.peer_credits > 1 {
+            return Some(FlushStep::Pong);
+        }
+        if self.live.ping_due && self.peer_credits > 1 {
+            return Some(FlushStep::Ping);
+        }
+        let must_return = self.peer_credits >= 1
+            && if self.backlogged() {
+                // Withholding, but never below one receive: the peer must keep a credit to
+                // return ours with, or both ends would wait for ever.
+                self.granted == 0 && self.credits_to_return >= 1
+            } else {
+                self.credits_to_return >= self.credit_threshold
+            };
+        let may_report = !self.pending_dones.is_empty() && self.peer_credits > 1;
+        if must_return || may_report {
+            return Some(FlushStep::Credit);
+        }
+        None
+    }
+
+    /// Moves frames whose credits are available into SEND operations (see [`Link::flush_step`]).
     fn flush(&mut self) {
-        loop {
-            // SENDs posted and not completed (a peer that does not drain its side of the
-            // transport) are bounded too: nothing more is posted until some complete.
-            if self.sends_in_flight >= self.send_window {
-                break;
-            }
-            if !self.tx.is_empty() && self.peer_credits > 1 {
-                let Some(out) = self.tx.pop_front() else { break };
-                self.stalled_counted = self.stalled_counted.saturating_sub(1);
-                match out.body {
-                    Body::Bytes(body) => self.send(out.header, &body),
-                    Body::Framed(buf) => self.send_framed(out.header, buf),
+        while let Some(step) = self.flush_step() {
+            match step {
+                FlushStep::Queued => {
+                    let Some(out) = self.tx.pop_front() else { break };
+                    self.stalled_counted = self.stalled_counted.saturating_sub(1);
+                    match out.body {
+                        Body::Bytes(body) => self.send(out.header, &body),
+                        Body::Framed(buf) => self.send_framed(out.header, buf),
+                    }
                 }
-                continue;
+                FlushStep::CountStalls => {
+                    self.stats.credit_stalls += (self.tx.len() - self.stalled_counted) as u64;
+                    self.stalled_counted = self.tx.len();
+                }
+                FlushStep::Pong => {
+                    self.live.pong_due = false;
+                    self.send(Header::new(Kind::Pong), &[]);
+                }
+                FlushStep::Ping => {
+                    self.live.ping_due = false;
+                    self.stats.pings_sent += 1;
+                    self.send(Header::new(Kind::Ping), &[]);
+                }
+                FlushStep::Credit => {
+                    self.stats.credit_frames += 1;
+                    self.send(Header::new(Kind::Credit), &[]);
+                }
             }
-            // Whatever is still queued waits for credits: count each frame once.
-            self.stats.credit_stalls += (self.tx.len() - self.stalled_counted) as u64;
-            self.stalled_counted = self.tx.len();
-            // Pings and pongs are data frames: the last credit stays reserved for a credit
-            // frame, which always carries credits back (a pong might carry none).
-            if self.live.pong_due && self.peer_credits > 1 {
-                self.live.pong_due = false;
-                self.send(Header::new(Kind::Pong), &[]);
-                continue;
-            }
-            if self.live.ping_due && self.peer_credits > 1 {
-                self.live.ping_due = false;
-                self.stats.pings_sent += 1;
-                self.send(Header::new(Kind::Ping), &[]);
-                continue;
-            }
-            let must_return = self.peer_credits >= 1
-                && if self.backlogged() {
-                    // Withholding, but never below one receive: the peer must keep a credit to
-                    // return ours with, or both ends would wait for ever.
-                    self.granted == 0 && self.credits_to_return >= 1
-                } else {
-                    self.credits_to_return >= self.credit_threshold
-                };
-            let may_report = !self.pending_dones.is_empty() && self.peer_credits > 1;
-            if must_return || may_report {
-                self.stats.credit_frames += 1;
-                self.send(Header::new(Kind::Credit), &[]);
-                continue;
-            }
-            break;
         }
     }
 

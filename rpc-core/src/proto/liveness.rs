@@ -14,6 +14,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::deadlines::earliest;
 use super::error::ProtoError;
 
 #[derive(Debug)]
@@ -24,6 +25,9 @@ pub(crate) struct Liveness {
     /// The last time we ran (a check or a received frame): a later run proves we were starved.
     last_run: Instant,
     next_ping: Option<Instant>,
+    /// The earlier of `next_ping` and the idle deadline (`last_rx + idle_timeout`), kept up to
+    /// date by every change of either (the driver asks for it after every input).
+    due: Option<Instant>,
     /// A Ping is due (sent when a credit allows).
     pub ping_due: bool,
     /// The peer pinged us: a Pong is due.
@@ -32,15 +36,23 @@ pub(crate) struct Liveness {
 
 impl Liveness {
     pub fn new(interval: Duration, idle_timeout: Duration, now: Instant) -> Liveness {
-        Liveness {
+        let mut live = Liveness {
             interval,
             idle_timeout,
             last_rx: now,
             last_run: now,
             next_ping: now.checked_add(interval),
+            due: None,
             ping_due: false,
             pong_due: false,
-        }
+        };
+        live.due = live.compute_due();
+        live
+    }
+
+    /// The earlier of the next ping and the idle deadline, computed.
+    fn compute_due(&self) -> Option<Instant> {
+        earliest(self.next_ping, self.last_rx.checked_add(self.idle_timeout))
     }
 
     /// Something arrived from the peer.
@@ -48,17 +60,31 @@ impl Liveness {
         self.last_rx = self.last_rx.max(now);
         self.last_run = self.last_run.max(now);
         self.next_ping = self.last_rx.checked_add(self.interval);
+        // The ping is due `interval` after the last frame and the idle deadline `idle_timeout`
+        // after it: when the ping comes first, it is the answer (an idle deadline beyond the
+        // clock is no deadline).
+        self.due = match self.next_ping {
+            Some(_) if self.interval <= self.idle_timeout => self.next_ping,
+            _ => self.compute_due(),
+        };
     }
 
     /// When [`Liveness::check`] must next run.
+    #[inline]
     pub fn next_timeout(&self) -> Option<Instant> {
-        let idle = self.last_rx.checked_add(self.idle_timeout);
-        self.next_ping.into_iter().chain(idle).min()
+        debug_assert_eq!(self.due, self.compute_due(), "the kept deadline is the computed one");
+        self.due
     }
 
     /// Declares the peer dead after `idle_timeout` of silence; schedules a Ping after
     /// `keepalive_interval`.
     pub fn check(&mut self, now: Instant) -> Result<(), ProtoError> {
+        let result = self.run_check(now);
+        self.due = self.compute_due();
+        result
+    }
+
+    fn run_check(&mut self, now: Instant) -> Result<(), ProtoError> {
         // We should have run again by `last_run + interval`; anything beyond is our own stall.
         let stalled = now.saturating_duration_since(self.last_run).saturating_sub(self.interval);
         if !stalled.is_zero() {
@@ -81,6 +107,35 @@ impl Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The deadline kept for `next_timeout` is always what it was computed from before it was
+        /// kept: the earlier of the next ping and the idle deadline, over frames and checks at
+        /// random times, with an idle timeout shorter or longer than the interval, or beyond the
+        /// clock.
+        #[test]
+        fn the_kept_deadline_is_the_computed_one(
+            interval_ms in 1u64..5_000,
+            idle in prop_oneof![(1u64..20_000).prop_map(Duration::from_millis), Just(Duration::MAX)],
+            steps in proptest::collection::vec((any::<bool>(), 0u64..30_000), 1..60),
+        ) {
+            let t0 = Instant::now();
+            let mut l = Liveness::new(Duration::from_millis(interval_ms), idle, t0);
+            let mut now = t0;
+            for (receive, ms) in steps {
+                now += Duration::from_millis(ms);
+                match receive {
+                    true => l.on_received(now),
+                    false => {
+                        let _ = l.check(now);
+                    }
+                }
+                let idle_at = l.last_rx.checked_add(l.idle_timeout);
+                prop_assert_eq!(l.next_timeout(), l.next_ping.into_iter().chain(idle_at).min());
+            }
+        }
+    }
 
     #[test]
     fn a_gap_in_our_own_running_is_not_held_against_the_peer() {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rpc_transport::{RegionDesc, WrId};
 
 use super::budget::Budget;
-use super::deadlines::DeadlineQueue;
+use super::deadlines::{earliest, DeadlineQueue};
 use super::error::ProtoError;
 use super::link::Op;
 use super::stats::ProtoStats;
@@ -90,9 +90,23 @@ impl Rendezvous {
         self.queued.push_back((call_id, remote));
     }
 
+    /// Whether [`Rendezvous::issue`] has anything to do: a READ queued and room for one more in
+    /// flight (it then issues it, or counts a wait for the budget).
+    #[inline]
+    pub fn can_issue(&self) -> bool {
+        !self.queued.is_empty() && self.in_flight.len() < self.max_reads
+    }
+
+    /// What [`Rendezvous::issue`] can change, besides the budget and the counters: READs queued
+    /// and in flight, the next READ's id, whether the budget blocked on the endpoint's.
+    #[cfg(any(test, debug_assertions))]
+    pub fn fingerprint(&self) -> (usize, usize, WrId, bool) {
+        (self.queued.len(), self.in_flight.len(), self.next_read_wr, self.budget.blocked_on().is_some())
+    }
+
     /// Issues queued READs, in order, while READ depth and budget allow.
     pub fn issue(&mut self, now: Instant, ops: &mut VecDeque<Op>, stats: &mut ProtoStats) {
-        while self.in_flight.len() < self.max_reads {
+        while self.can_issue() {
             let Some(&(call_id, remote)) = self.queued.front() else { break };
             if !self.budget.try_reserve_read(remote.len) {
                 stats.budget_waits += 1;
@@ -201,10 +215,13 @@ impl Rendezvous {
 
     /// The earliest READ or done deadline.
     pub fn next_timeout(&mut self) -> Option<Instant> {
+        if self.read_deadlines.is_empty() && self.done_deadlines.is_empty() {
+            return None;
+        }
         let (reads, dones) = (&self.in_flight, &self.advertised);
         let read = self.read_deadlines.next(|id, at| reads.get(&id).is_some_and(|r| r.expires == Some(at)));
         let done = self.done_deadlines.next(|id, at| dones.get(&id).is_some_and(|r| r.expires == Some(at)));
-        read.into_iter().chain(done).min()
+        earliest(read, done)
     }
 
     /// A READ or a done report overdue is fatal for the connection.

@@ -10,7 +10,7 @@ use rpc_transport::{Detail, MemPool, ReadError, RegionDesc, WrId};
 
 use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
-use super::deadlines::DeadlineQueue;
+use super::deadlines::{earliest, DeadlineQueue};
 use super::error::ProtoError;
 use super::header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN};
 use super::link::{Link, Op, Role};
@@ -432,7 +432,7 @@ impl ServerProto {
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         let calls = &self.calls;
         let call = self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)));
-        call.into_iter().chain(self.link.next_timeout()).min()
+        earliest(call, self.link.next_timeout())
     }
 
     /// Stops taking new calls (they are answered `ShuttingDown`); calls in progress go on.
@@ -467,6 +467,12 @@ impl ServerProto {
     /// The next operation to post.
     pub fn poll_op(&mut self) -> Option<Op> {
         self.link.poll_op()
+    }
+
+    /// Whether [`Self::poll_op`] has anything to do: when not, it would return `None` at once
+    /// and change nothing.
+    pub fn has_ops(&self) -> bool {
+        self.link.has_work()
     }
 
     /// The next event for the application.

@@ -65,6 +65,9 @@ pub(crate) trait ProtoEnd {
     fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>);
     fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>);
     fn next_op(&mut self) -> Option<Op>;
+    /// Whether [`ProtoEnd::next_op`] has anything to do (when not, it would return `None` and
+    /// change nothing).
+    fn has_ops(&self) -> bool;
     fn timeout(&mut self) -> Option<Instant>;
     fn expire(&mut self, now: Instant) -> Result<(), ProtoError>;
 }
@@ -87,6 +90,9 @@ macro_rules! impl_proto_end {
             }
             fn next_op(&mut self) -> Option<Op> {
                 self.poll_op()
+            }
+            fn has_ops(&self) -> bool {
+                self.has_ops()
             }
             fn timeout(&mut self) -> Option<Instant> {
                 self.poll_timeout()
@@ -254,7 +260,22 @@ impl Scratch {
 /// end (rdma: one doorbell per 16), or before a revocation, so that the order of SENDs and
 /// revocations is kept. Returns whether a READ destination is being made: the caller must run
 /// another round, whose [`poll_completions`] polls it (and registers for its end).
+#[inline]
 pub(crate) fn post_ops<P: ProtoEnd>(
+    conn: &mut dyn Connection,
+    proto: &mut P,
+    scratch: &mut Scratch,
+) -> Result<bool, Fatal> {
+    // Most rounds have nothing to post (6 of 8 per call in a 32 B echo over mem): answered
+    // without entering the loop, which would find `next_op` empty and no SEND to flush.
+    if !proto.has_ops() && scratch.sends.is_empty() {
+        return Ok(false);
+    }
+    post_ops_slow(conn, proto, scratch)
+}
+
+/// [`post_ops`] when the state machine may have operations.
+fn post_ops_slow<P: ProtoEnd>(
     conn: &mut dyn Connection,
     proto: &mut P,
     scratch: &mut Scratch,

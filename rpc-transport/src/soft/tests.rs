@@ -144,6 +144,52 @@ fn queued_completion_wakes_the_registered_poller() {
     assert_eq!(counter.0.load(Ordering::SeqCst), 2, "death wakes the poller");
 }
 
+/// Wakes a thread parked in [`std::thread::park_timeout`].
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Another thread queues completions while the poller polls and waits: no wake-up is lost.
+#[test]
+fn no_wakeup_is_lost_between_threads() {
+    const MESSAGES: u32 = 20_000;
+    let soft = Soft::new(&params(MESSAGES, 8));
+    let sender = {
+        let soft = soft.clone();
+        std::thread::spawn(move || {
+            for i in 0..MESSAGES {
+                soft.deliver(&i.to_le_bytes()).unwrap();
+                if i % 64 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        })
+    };
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut out = Vec::new();
+    let mut parks = 0u32;
+    while out.len() < MESSAGES as usize {
+        if soft.poll_completions(&mut cx, &mut out, 64).is_pending() {
+            // Pending: only a wake-up (or a spurious return) ends the wait; a lost one would
+            // leave us here for the whole timeout.
+            let started = std::time::Instant::now();
+            std::thread::park_timeout(std::time::Duration::from_secs(10));
+            assert!(started.elapsed() < std::time::Duration::from_secs(10), "a wake-up was lost");
+            parks += 1;
+            assert!(parks <= MESSAGES + 1, "bounded: at most one wait per message");
+        }
+    }
+    sender.join().unwrap();
+    let got: Vec<u32> =
+        out.iter().map(|c| u32::from_le_bytes(recv_bytes(c).try_into().expect("4 bytes"))).collect();
+    assert_eq!(got, (0..MESSAGES).collect::<Vec<_>>(), "every message, in order");
+}
+
 #[test]
 fn poll_moves_at_most_max() {
     let soft = Soft::new(&params(4, 16));

@@ -4,6 +4,7 @@ mod fuzz_regressions;
 mod harness;
 mod limits;
 mod malformed;
+mod quiet_poll;
 mod revocation;
 
 use std::time::Duration;
