@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rpc_transport::{
-    Buf, Completion, Connection, Detail, ReadError, RecvBuffer, RegionDesc, TransportCounters,
+    Buf, Completion, Connection, Detail, ReadError, RecvBuffer, RegionDesc, SendBuf, TransportCounters,
     TransportError, WrId,
 };
 use tokio::task::JoinHandle;
@@ -231,7 +231,7 @@ pub(crate) struct Scratch {
     /// Receive buffers to post in place of those the batch's messages arrived in.
     reposts: Vec<RecvBuffer>,
     /// SENDs of one `post_ops`, posted together.
-    sends: Vec<(WrId, Bytes)>,
+    sends: Vec<(WrId, SendBuf)>,
     /// READ destinations being made (registered) on blocking threads, each with its READ.
     destinations: FuturesUnordered<JoinHandle<(WrId, RegionDesc, Buf)>>,
     /// The clock as of this wake-up (the driver resets it at each poll).

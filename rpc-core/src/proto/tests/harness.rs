@@ -100,7 +100,7 @@ impl Pair {
             moved = true;
             match op {
                 Op::Send { wr_id, frame } => {
-                    deliver(&mut self.s, frame);
+                    deliver(&mut self.s, frame.into_bytes());
                     self.client.handle_send_complete(wr_id, Ok(())).expect("send completion");
                 }
                 Op::Register { call_id, data } => {
@@ -115,7 +115,7 @@ impl Pair {
             moved = true;
             match op {
                 Op::Send { wr_id, frame } => {
-                    deliver(&mut self.c, frame);
+                    deliver(&mut self.c, frame.into_bytes());
                     self.server.handle_send_complete(wr_id, Ok(())).expect("send completion");
                 }
                 Op::Register { call_id, data } => {
