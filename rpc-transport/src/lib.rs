@@ -64,6 +64,7 @@ pub mod mem;
 mod pool;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+mod received;
 mod send_buf;
 mod soft;
 pub mod tcp;
@@ -71,6 +72,7 @@ pub mod tcp;
 pub use address::{connect, listen, Address};
 pub use error::{Detail, ReadError, SharedError, TransportError};
 pub use pool::{Buf, MemPool, PoolCounters, PoolLimits, CHUNK_BYTES, MAX_CLASS};
+pub use received::Received;
 pub use send_buf::SendBuf;
 
 /// A boxed, `Send` future, as returned by the object-safe parts of the seam.
@@ -298,8 +300,9 @@ impl ConnInfo {
 /// A receive buffer: owned by the receive queue while posted, by the caller after its completion.
 ///
 /// Backends post buffers of their connection's [`MemPool`] (registered memory on `rdma`), so the
-/// NIC writes the message where the caller reads it; [`RecvBuffer::into_bytes`] hands the
-/// message on without copying, and the memory returns to the pool when the last `Bytes` drops.
+/// NIC writes the message where the caller reads it; [`RecvBuffer::into_received`] hands the
+/// message on without copying (and [`Received::lend`] decodes it where it lies), and the memory
+/// returns to the pool when the message, or the last `Bytes` made of it, drops.
 pub struct RecvBuffer {
     buf: Buf,
     /// The largest message it takes (the receive size it was posted for).
@@ -325,9 +328,14 @@ impl RecvBuffer {
     pub fn capacity(&self) -> usize {
         self.limit
     }
-    /// The received message as [`Bytes`], without copying.
+    /// The received message as [`Bytes`], without copying (freezing the buffer: one
+    /// allocation; [`RecvBuffer::into_received`] hands it on without).
     pub fn into_bytes(self) -> Bytes {
         self.buf.freeze()
+    }
+    /// The received message, as it lies in the buffer (nothing frozen, nothing allocated).
+    pub fn into_received(self) -> Received {
+        Received::from(self.buf)
     }
     /// The underlying buffer (its length is the message's).
     pub fn into_buf(self) -> Buf {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::{BoxFuture, CatchUnwind, Either};
 use futures::FutureExt;
-use rpc_transport::{Address, Connection, Listener, MemPool};
+use rpc_transport::{Address, Connection, Listener, MemPool, Received};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::futures::TaskLocalFuture;
 use tokio::task::{AbortHandle, JoinSet};
@@ -367,7 +367,7 @@ impl ResponseEstimates {
 struct Waiting {
     call_id: u64,
     method: MethodId,
-    payload: Bytes,
+    payload: Received,
     path: Path,
     metadata: Bytes,
     /// When the request arrived: its deadline and its duration count from here.
@@ -578,7 +578,7 @@ impl ServerDriver {
 
     /// The service's handler for one call, run with the call's context and the connection's
     /// pool, its panics answered as a `Handler` error (whether it runs here or in a task).
-    fn handler_future(&self, method: MethodId, payload: Bytes, ctx: context::Context) -> HandlerFuture {
+    fn handler_future(&self, method: MethodId, payload: Received, ctx: context::Context) -> HandlerFuture {
         // Building the future runs the service's code too (decoding the arguments).
         let call = std::panic::catch_unwind(AssertUnwindSafe(|| self.service.call(method, payload)));
         match call {
