@@ -1,11 +1,11 @@
 //! A received message handed on without freezing it: decoded straight from the receive buffer,
 //! turned into [`Bytes`] only when a decoder keeps a slice of it.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::fmt;
 use std::ops::{Bound, Deref, RangeBounds};
 
-use bytes::Bytes;
+use bytes::{Buf as _, Bytes};
 
 use crate::Buf;
 
@@ -19,34 +19,49 @@ use crate::Buf;
 ///
 /// Derefs to the message's bytes; nothing writes through it.
 pub struct Received {
-    repr: Repr,
+    /// The message's bytes: `len` bytes at `ptr`, inside the memory `owner` holds.
+    ptr: *const u8,
+    len: usize,
+    owner: Owner,
 }
 
-enum Repr {
-    /// `buf[start..end]`, not frozen.
-    Buf {
-        buf: Buf,
-        start: usize,
-        end: usize,
-    },
+/// What keeps a message's memory alive.
+enum Owner {
+    /// Not frozen (the message may be a part of it).
+    Buf(Buf),
     Bytes(Bytes),
 }
 
+// SAFETY: `ptr` points into memory that `owner` (a `Buf` or `Bytes`, both `Send` and `Sync`)
+// keeps alive and that nothing writes while the `Received` exists; the pointer is only read.
+unsafe impl Send for Received {}
+// SAFETY: as above; a shared `Received` only reads its bytes.
+unsafe impl Sync for Received {}
+
 std::thread_local! {
-    /// The message [`Received::lend`] lends on this thread (`None` outside it).
-    static LENT: RefCell<Option<Received>> = const { RefCell::new(None) };
+    /// The message [`Received::lend`] lends on this thread (null outside it): a local of that
+    /// call's frame.
+    static LENT: Cell<*mut Received> = const { Cell::new(std::ptr::null_mut()) };
 }
 
 impl Received {
     /// An empty message.
-    pub const fn new() -> Received {
-        Received { repr: Repr::Bytes(Bytes::new()) }
+    pub fn new() -> Received {
+        Received::from(Bytes::new())
+    }
+
+    fn with_owner(owner: Owner) -> Received {
+        let (ptr, len) = match &owner {
+            Owner::Buf(buf) => (buf.as_ptr(), buf.len()),
+            Owner::Bytes(b) => (b.as_ptr(), b.len()),
+        };
+        Received { ptr, len, owner }
     }
 
     /// The bytes in `range`, consuming the message (no copy, nothing frozen). Panics if the
     /// range is out of bounds, as [`Bytes::slice`] does.
-    pub fn slice(self, range: impl RangeBounds<usize>) -> Received {
-        let len = self.len();
+    pub fn slice(mut self, range: impl RangeBounds<usize>) -> Received {
+        let len = self.len;
         let start = match range.start_bound() {
             Bound::Included(&n) => n,
             Bound::Excluded(&n) => n.checked_add(1).expect("range start overflows"),
@@ -58,25 +73,35 @@ impl Received {
             Bound::Unbounded => len,
         };
         assert!(start <= end && end <= len, "range {start}..{end} out of bounds of {len} bytes");
-        match self.repr {
-            Repr::Buf { buf, start: s, .. } => {
-                Received { repr: Repr::Buf { buf, start: s + start, end: s + end } }
-            }
-            Repr::Bytes(b) => Received { repr: Repr::Bytes(b.slice(start..end)) },
-        }
+        // Still inside the owner's memory: a part of the range checked above.
+        self.ptr = self.ptr.wrapping_add(start);
+        self.len = end - start;
+        self
     }
 
     /// The message as [`Bytes`] (a buffer not yet frozen is frozen now: no copy, one allocation).
     pub fn into_bytes(self) -> Bytes {
-        match self.repr {
-            Repr::Buf { buf, start, end } => buf.freeze().slice(start..end),
-            Repr::Bytes(b) => b,
+        let at = self.ptr as usize;
+        let len = self.len;
+        match self.owner {
+            Owner::Buf(buf) => {
+                let offset = at - buf.as_ptr() as usize;
+                buf.freeze().slice(offset..offset + len)
+            }
+            Owner::Bytes(b) => {
+                let offset = at - b.as_ptr() as usize;
+                if offset == 0 && len == b.len() {
+                    b
+                } else {
+                    b.slice(offset..offset + len)
+                }
+            }
         }
     }
 
     /// Whether the message is [`Bytes`] already (given as such, or frozen by [`Received::share`]).
     pub fn is_bytes(&self) -> bool {
-        matches!(self.repr, Repr::Bytes(_))
+        matches!(self.owner, Owner::Bytes(_))
     }
 
     /// Runs `f` on the message's bytes. While `f` runs, [`Received::share`] on this thread hands
@@ -85,63 +110,60 @@ impl Received {
     /// if a slice was taken; else as it was, so that dropping it returns its buffer to the pool).
     ///
     /// Calls may nest: an inner `lend` shares its own message until it returns.
-    pub fn lend<R>(self, f: impl FnOnce(&[u8]) -> R) -> (R, Received) {
-        let (ptr, len) = (self.as_ptr(), self.len());
-        let previous = LENT.with(|lent| lent.replace(Some(self)));
-        // Puts the previous message back, even if `f` panics; yields the lent one.
-        struct Restore(Option<Option<Received>>);
-        impl Restore {
-            fn take_back(&mut self) -> Option<Received> {
-                let previous = self.0.take()?;
-                LENT.with(|lent| lent.replace(previous))
-            }
-        }
+    pub fn lend<R>(mut self, f: impl FnOnce(&[u8]) -> R) -> (R, Received) {
+        // Puts the previous loan back when `f` returns or unwinds.
+        struct Restore(*mut Received);
         impl Drop for Restore {
             fn drop(&mut self) {
-                drop(self.take_back());
+                LENT.with(|lent| lent.set(self.0));
             }
         }
-        let mut restore = Restore(Some(previous));
-        // SAFETY: `ptr..ptr + len` are the bytes of the message just moved into `LENT`, and the
-        // slice lives only while `f` runs (its lifetime is that of `f`'s argument). Until `f`
-        // returns (or unwinds) the message stays alive: in `LENT`, or while a nested `lend` runs,
-        // in that call's `Restore`, which puts it back before that call returns; it leaves `LENT`
-        // only through `take_back` below, after `f`. Its bytes do not move or change meanwhile:
-        // moving a `Received` moves no bytes (they are a pool block of an `Arc`'d chunk, a
-        // `Vec`'s heap memory, or a `Bytes`' memory); `share` turns a `Buf` into `Bytes` with
-        // `Bytes::from_owner`, which keeps the `Buf` (and so its memory) as the owner and reads
-        // its bytes where they lie; and nothing writes through a `Received`.
-        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        // SAFETY: the message's bytes (see `deref`), for as long as `f` runs only (the slice's
+        // lifetime is that of `f`'s argument): `self` stays in this frame until then, and `share`
+        // (the only code that reaches it meanwhile, through `LENT`) changes only its owner, from
+        // the `Buf` to `Bytes::from_owner` of that `Buf`, which keeps the memory where it is.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
+        let this: *mut Received = &mut self;
+        let restore = Restore(LENT.with(|lent| lent.replace(this)));
         let out = f(bytes);
-        let lent = restore.take_back().expect("the lent message is back in place");
-        (out, lent)
+        drop(restore);
+        (out, self)
     }
 
     /// Inside [`Received::lend`] on this thread: `v` as a slice of the lent message, if `v` is a
     /// non-empty part of its bytes (the first such slice freezes its buffer). `None` otherwise
     /// (outside `lend`, or bytes from elsewhere): copy them.
     pub fn share(v: &[u8]) -> Option<Bytes> {
-        LENT.with(|lent| {
-            let mut lent = lent.try_borrow_mut().ok()?;
-            let msg = lent.as_mut()?;
-            within(msg, v).then(|| msg.freeze_in_place().slice_ref(v))
-        })
+        let lent = LENT.with(Cell::get);
+        if lent.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null `LENT` points to the message of the innermost `lend` running on
+        // this thread, alive in that call's frame, which does not touch it until `f` returns
+        // (and `LENT` is reset before it does); nothing else holds a reference to it (the
+        // decoder holds only a slice of its bytes, which this leaves where they are).
+        let msg = unsafe { &mut *lent };
+        within(msg, v).then(|| msg.freeze_in_place().slice_ref(v))
     }
 
-    /// Turns the buffer into `Bytes` where it lies (no copy).
+    /// Turns the buffer into `Bytes` where it lies (no copy: `ptr` stays valid).
     fn freeze_in_place(&mut self) -> &Bytes {
-        if let Repr::Buf { .. } = self.repr {
-            let Repr::Buf { buf, start, end } = std::mem::replace(&mut self.repr, Repr::Bytes(Bytes::new()))
-            else {
+        if let Owner::Buf(_) = self.owner {
+            let Owner::Buf(buf) = std::mem::replace(&mut self.owner, Owner::Bytes(Bytes::new())) else {
                 unreachable!("checked above")
             };
+            let offset = self.ptr as usize - buf.as_ptr() as usize;
             // `from_owner`, not `Buf::freeze`: the bytes stay where they are whatever the
-            // buffer's storage (`lend` relies on it).
-            self.repr = Repr::Bytes(Bytes::from_owner(buf).slice(start..end));
+            // buffer's storage (`ptr`, and `lend`'s slice, rely on it). Narrowed to the message
+            // in place (no reference count taken), so that `into_bytes` returns it as it is.
+            let mut frozen = Bytes::from_owner(buf);
+            frozen.advance(offset);
+            frozen.truncate(self.len);
+            self.owner = Owner::Bytes(frozen);
         }
-        match &self.repr {
-            Repr::Bytes(b) => b,
-            Repr::Buf { .. } => unreachable!("frozen above"),
+        match &self.owner {
+            Owner::Bytes(b) => b,
+            Owner::Buf(_) => unreachable!("frozen above"),
         }
     }
 }
@@ -162,10 +184,11 @@ impl Default for Received {
 impl Deref for Received {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        match &self.repr {
-            Repr::Buf { buf, start, end } => &buf[*start..*end],
-            Repr::Bytes(b) => b,
-        }
+        // SAFETY: `ptr..ptr + len` lies inside the memory `owner` keeps alive (a `Buf`'s first
+        // `len()` bytes, or a `Bytes`' bytes, narrowed only by `slice`), which does not move when
+        // the `Received` moves or its `Buf` is frozen into `Bytes` (`from_owner` keeps it in
+        // place), and which nothing writes while the `Received` exists.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
@@ -177,14 +200,13 @@ impl AsRef<[u8]> for Received {
 
 impl From<Bytes> for Received {
     fn from(b: Bytes) -> Received {
-        Received { repr: Repr::Bytes(b) }
+        Received::with_owner(Owner::Bytes(b))
     }
 }
 
 impl From<Buf> for Received {
     fn from(buf: Buf) -> Received {
-        let end = buf.len();
-        Received { repr: Repr::Buf { buf, start: 0, end } }
+        Received::with_owner(Owner::Buf(buf))
     }
 }
 
@@ -298,7 +320,7 @@ mod tests {
             msg.lend(|_| panic!("decoder failed"));
         }));
         assert!(caught.is_err());
-        assert!(LENT.with(|l| l.borrow().is_none()));
+        assert!(LENT.with(Cell::get).is_null());
         assert_eq!(pool.counters().registered_bytes, pool.counters().pooled_bytes);
     }
 
