@@ -24,7 +24,7 @@ impl std::error::Error for CodecError {
 }
 
 use crate::arena;
-use crate::proto::{Payload, HEADER_LEN};
+use crate::proto::{Payload, HEADER_LEN, MIN_EAGER_THRESHOLD};
 
 fn config() -> bincode::config::Configuration {
     bincode::config::standard()
@@ -59,15 +59,22 @@ pub fn current_pool() -> Option<MemPool> {
 
 /// Encodes a value into a buffer of exactly its encoded size (measured in a first pass, so the
 /// buffer never grows). Inside a server handler the buffer comes from the connection's
-/// registered memory pool, so the transport sends or advertises it as it is; elsewhere it is a
-/// heap buffer (for a small value, a slice of a block this thread carves small values from: no
-/// allocation of its own).
+/// registered memory pool, so the transport sends or advertises it as it is, unless the value is
+/// tiny (at most 64 bytes: it travels inline, copied behind its frame header); elsewhere, and
+/// for a tiny value, it is a heap buffer (for a small value, a slice of a block this thread
+/// carves small values from: no allocation of its own).
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
     encode_sized(value, encoded_size(value)?)
 }
 
 /// [`encode`] of a value whose encoded size is already measured.
 fn encode_sized<T: Serialize + ?Sized>(value: &T, size: usize) -> Result<Bytes, CodecError> {
+    if size <= MIN_EAGER_THRESHOLD {
+        // Even in a handler: a response this small is sent inline (under any eager threshold
+        // the configuration allows), copied behind its frame header; a pool buffer of its own
+        // would cost an allocation to freeze.
+        return arena::write_local(size, |buf| write_into(value, buf));
+    }
     match POOL.try_with(MemPool::clone) {
         Ok(pool) => encode_sized_in(&pool, value, size),
         Err(_) => {
@@ -336,6 +343,21 @@ mod tests {
         // Same wire format both ways.
         assert_eq!(encode(&(7u32, SharedBytes(value.1.clone()), "x")).unwrap(), payload);
         assert!(decode_shared::<(u32, SharedBytes)>(&Bytes::from_static(&[1, 200])).is_err());
+    }
+
+    #[test]
+    fn in_a_handler_tiny_values_skip_the_pool_and_larger_ones_use_it() {
+        let pool = MemPool::heap(rpc_transport::PoolLimits::default());
+        let (tiny, large) =
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(with_pool(pool.clone(), async {
+                    (encode(&7u64).unwrap(), encode(&vec![1u8; 500]).unwrap())
+                }));
+        assert_eq!(tiny, encode(&7u64).unwrap());
+        assert!(!pool.contains(&tiny), "a tiny value is copied behind its frame header anyway");
+        assert!(pool.contains(&large), "a larger one is sent or advertised from the pool");
     }
 
     #[test]
