@@ -100,7 +100,7 @@ impl Pair {
         let mut moved = false;
         while let Some(ServerEvent::Request { call_id, payload, .. }) = self.server.poll_event() {
             moved = true;
-            self.server.respond(call_id, Ok(payload));
+            self.server.respond(call_id, Ok(payload.into_bytes()));
         }
         while let Some(op) = self.server.poll_op() {
             moved = true;
@@ -136,7 +136,7 @@ impl Pair {
             if let Some(ClientEvent::Completed { result, .. }) = self.client.poll_event() {
                 // Let the done report and revocations flow before the next call.
                 while self.client_ops() | self.server_ops() {}
-                return result.expect("call succeeds");
+                return result.expect("call succeeds").into_bytes();
             }
             assert!(moved, "the protocol stalled");
         }

@@ -13,6 +13,9 @@ pub trait Bench {
     async fn upload(&self, data: Bytes) -> u64;
     /// Returns `len` bytes (download).
     async fn download(&self, len: u64) -> Bytes;
+    /// Returns `n + 1` (wrapping): a call whose argument and result hold no `Bytes`, for
+    /// `rpc-bench counts`.
+    async fn increment(&self, n: u64) -> u64;
 }
 
 /// The server side: download answers slice one shared buffer, so the handler allocates nothing.
@@ -49,6 +52,9 @@ impl Bench for BenchImpl {
     }
     async fn download(&self, len: u64) -> Bytes {
         self.blob(len.min(MAX_DOWNLOAD) as usize)
+    }
+    async fn increment(&self, n: u64) -> u64 {
+        n.wrapping_add(1)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The payload codec: serde + bincode 2 (standard configuration: little endian, varint).
 
 use bytes::Bytes;
-use rpc_transport::{Detail, MemPool};
+use rpc_transport::{Detail, MemPool, Received};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -24,7 +24,7 @@ impl std::error::Error for CodecError {
 }
 
 use crate::arena;
-use crate::proto::{Payload, HEADER_LEN};
+use crate::proto::{Payload, HEADER_LEN, MIN_EAGER_THRESHOLD};
 
 fn config() -> bincode::config::Configuration {
     bincode::config::standard()
@@ -59,15 +59,22 @@ pub fn current_pool() -> Option<MemPool> {
 
 /// Encodes a value into a buffer of exactly its encoded size (measured in a first pass, so the
 /// buffer never grows). Inside a server handler the buffer comes from the connection's
-/// registered memory pool, so the transport sends or advertises it as it is; elsewhere it is a
-/// heap buffer (for a small value, a slice of a block this thread carves small values from: no
-/// allocation of its own).
+/// registered memory pool, so the transport sends or advertises it as it is, unless the value is
+/// tiny (at most 64 bytes: it travels inline, copied behind its frame header); elsewhere, and
+/// for a tiny value, it is a heap buffer (for a small value, a slice of a block this thread
+/// carves small values from: no allocation of its own).
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
     encode_sized(value, encoded_size(value)?)
 }
 
 /// [`encode`] of a value whose encoded size is already measured.
 fn encode_sized<T: Serialize + ?Sized>(value: &T, size: usize) -> Result<Bytes, CodecError> {
+    if size <= MIN_EAGER_THRESHOLD {
+        // Even in a handler: a response this small is sent inline (under any eager threshold
+        // the configuration allows), copied behind its frame header; a pool buffer of its own
+        // would cost an allocation to freeze.
+        return arena::write_local(size, |buf| write_into(value, buf));
+    }
     match POOL.try_with(MemPool::clone) {
         Ok(pool) => encode_sized_in(&pool, value, size),
         Err(_) => {
@@ -228,8 +235,6 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 }
 
 std::thread_local! {
-    /// The payload [`decode_shared`] is decoding, which [`SharedBytes`] values slice.
-    static SOURCE: std::cell::RefCell<Option<Bytes>> = const { std::cell::RefCell::new(None) };
     /// Slices [`share`] has taken on this thread (wrapping).
     static SLICES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
@@ -239,16 +244,24 @@ std::thread_local! {
 /// returns to the connection's pool when the last slice drops). Generated stubs decode `Bytes`
 /// arguments and results this way.
 pub fn decode_shared<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, CodecError> {
-    decode_sharing(bytes).map(|(value, _)| value)
+    decode_sharing(Received::from(bytes.clone())).0.map(|(value, _)| value)
 }
 
-/// [`decode_shared`], and whether the value holds a slice of `bytes`.
-pub(crate) fn decode_sharing<T: DeserializeOwned>(bytes: &Bytes) -> Result<(T, bool), CodecError> {
-    let previous = SOURCE.with(|s| s.replace(Some(bytes.clone())));
+/// [`decode_shared`] of a received message as it lies in its receive buffer: the buffer is
+/// frozen into `Bytes` (an allocation) only if the value keeps a slice of it. Dropping the
+/// returned message (when the value keeps nothing of it) returns the buffer to its pool.
+pub fn decode_received<T: DeserializeOwned>(payload: Received) -> Result<T, CodecError> {
+    decode_sharing(payload).0.map(|(value, _)| value)
+}
+
+/// [`decode_received`], whether the value holds a slice of `payload`, and the payload back (as
+/// `Bytes` if a slice was taken).
+pub(crate) fn decode_sharing<T: DeserializeOwned>(
+    payload: Received,
+) -> (Result<(T, bool), CodecError>, Received) {
     let before = SLICES.get();
-    let result = decode(bytes);
-    SOURCE.with(|s| *s.borrow_mut() = previous);
-    result.map(|value| (value, SLICES.get() != before))
+    let (result, payload) = payload.lend(|bytes| decode::<T>(bytes));
+    (result.map(|value| (value, SLICES.get() != before)), payload)
 }
 
 /// [`Bytes`] that decode without a copy inside [`decode_shared`] (elsewhere they copy). The
@@ -290,13 +303,13 @@ impl<'de> serde::Deserialize<'de> for SharedBytes {
 
 /// `v` as a slice of the payload being decoded, if it lies inside it; else a copy.
 fn share(v: &[u8]) -> Bytes {
-    SOURCE.with(|s| match s.borrow().as_ref() {
-        Some(src) if within(src, v) => {
+    match Received::share(v) {
+        Some(slice) => {
             SLICES.set(SLICES.get().wrapping_add(1));
-            src.slice_ref(v)
+            slice
         }
-        _ => Bytes::copy_from_slice(v),
-    })
+        None => Bytes::copy_from_slice(v),
+    }
 }
 
 fn within(src: &[u8], v: &[u8]) -> bool {
@@ -332,6 +345,43 @@ mod tests {
         assert!(decode_shared::<(u32, SharedBytes)>(&Bytes::from_static(&[1, 200])).is_err());
     }
 
+    #[test]
+    fn in_a_handler_tiny_values_skip_the_pool_and_larger_ones_use_it() {
+        let pool = MemPool::heap(rpc_transport::PoolLimits::default());
+        let (tiny, large) =
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(with_pool(pool.clone(), async {
+                    (encode(&7u64).unwrap(), encode(&vec![1u8; 500]).unwrap())
+                }));
+        assert_eq!(tiny, encode(&7u64).unwrap());
+        assert!(!pool.contains(&tiny), "a tiny value is copied behind its frame header anyway");
+        assert!(pool.contains(&large), "a larger one is sent or advertised from the pool");
+    }
+
+    #[test]
+    fn a_received_payload_is_frozen_only_when_the_value_keeps_a_slice() {
+        let pool = MemPool::heap(rpc_transport::PoolLimits::default());
+        let in_pool = |value: &(u64, Bytes)| {
+            let bytes = encode(value).unwrap();
+            let mut buf = pool.alloc(bytes.len()).unwrap();
+            buf.copy_from_slice(&bytes);
+            Received::from(buf)
+        };
+        // Nothing kept: decoded where it lies, the buffer is not frozen.
+        let (value, back) = decode_sharing::<(u64, Vec<u8>)>(in_pool(&(7, Bytes::from_static(b"abc"))));
+        assert_eq!(value.unwrap(), ((7, b"abc".to_vec()), false));
+        assert!(!back.is_bytes());
+        // A `SharedBytes` kept: the buffer is frozen where it lies and sliced.
+        let (value, back) = decode_sharing::<(u64, SharedBytes)>(in_pool(&(7, Bytes::from_static(b"abc"))));
+        let ((n, shared), sliced) = value.unwrap();
+        assert!(sliced && back.is_bytes());
+        assert_eq!((n, &shared.0[..]), (7, &b"abc"[..]));
+        assert!(pool.contains(&shared.0) && within(&back, &shared.0), "a slice of the buffer");
+        assert_eq!(decode_received::<u64>(Received::from(encode(&5u64).unwrap())), Ok(5));
+    }
+
     /// The same bytes as `value`'s own encoding, and whether they are `source`'s memory.
     fn reused<T: Serialize>(value: &T, source: &Bytes) -> (Bytes, bool) {
         let out = encode_reusing(value, source).unwrap();
@@ -343,7 +393,8 @@ mod tests {
     #[test]
     fn an_argument_returned_as_it_came_is_its_payload_not_a_copy() {
         let payload = encode(&(Bytes::from(vec![9u8; 100_000]),)).unwrap();
-        let ((arg,), sliced): ((SharedBytes,), bool) = decode_sharing(&payload).unwrap();
+        let ((arg,), sliced): ((SharedBytes,), bool) =
+            decode_sharing(Received::from(payload.clone())).0.unwrap();
         assert!(sliced);
         let (out, shares) = reused(&arg.0, &payload);
         assert!(shares && out.as_ptr() == payload.as_ptr() && out.len() == payload.len());
@@ -365,7 +416,7 @@ mod tests {
         assert!(!reused(&42u64, &payload).1);
         assert!(!reused(&Bytes::from(vec![1u8; 5000]), &payload).1);
         // Nothing sliced: the caller does not keep the payload.
-        let (_, sliced): (u64, bool) = decode_sharing(&encode(&5u64).unwrap()).unwrap();
+        let (_, sliced): (u64, bool) = decode_sharing(Received::from(encode(&5u64).unwrap())).0.unwrap();
         assert!(!sliced);
     }
 

@@ -285,6 +285,26 @@ impl Context {
         Context { inner: Arc::new(Inner { method, method_id, call_id, peer, deadline, metadata }) }
     }
 
+    /// [`Context::new`], in the memory of `spare` (the context of an earlier call) if nothing
+    /// else holds it any more: no allocation.
+    pub(crate) fn reuse(
+        spare: Option<Context>,
+        method: &'static str,
+        method_id: MethodId,
+        call_id: u64,
+        peer: Arc<str>,
+        deadline: Option<tokio::time::Instant>,
+        metadata: Metadata,
+    ) -> Context {
+        if let Some(mut ctx) = spare {
+            if let Some(inner) = Arc::get_mut(&mut ctx.inner) {
+                *inner = Inner { method, method_id, call_id, peer, deadline, metadata };
+                return ctx;
+            }
+        }
+        Context::new(method, method_id, call_id, peer, deadline, metadata)
+    }
+
     /// The method, as `"Service.method"` (`"unknown"` for an id the server does not have).
     pub fn method(&self) -> &'static str {
         self.inner.method
@@ -374,6 +394,24 @@ pub(crate) fn new_trace_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_context_nothing_else_holds_is_reused_in_place() {
+        let peer: Arc<str> = Arc::from("peer");
+        let first = Context::new("S.a", 1, 1, peer.clone(), None, Metadata::new());
+        let at = Arc::as_ptr(&first.inner);
+        let md = Metadata::new().with("k", "v").unwrap();
+        let second = Context::reuse(Some(first), "S.b", 2, 2, peer.clone(), None, md);
+        assert_eq!(Arc::as_ptr(&second.inner), at, "the same memory");
+        assert_eq!((second.method(), second.method_id(), second.call_id()), ("S.b", 2, 2));
+        assert_eq!(second.metadata().get("k"), Some("v"));
+        // A clone kept elsewhere (a handler that spawned work with it): a new one, the kept one
+        // unchanged.
+        let kept = second.clone();
+        let third = Context::reuse(Some(second), "S.c", 3, 3, peer, None, Metadata::new());
+        assert_ne!(Arc::as_ptr(&third.inner), at);
+        assert_eq!((kept.call_id(), third.call_id()), (2, 3));
+    }
 
     #[test]
     fn round_trips_and_replaces() {

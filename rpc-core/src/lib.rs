@@ -54,6 +54,9 @@ pub use proto::{CallInfo, MethodId, Path, ProtoConfig, ProtoStats, WireErrorCode
 pub use router::{RouteCollision, Router};
 pub use rpc_macros::service;
 pub use rpc_transport as transport;
+/// A received payload as it lies in its receive buffer ([`Service::call`]'s argument): decoding
+/// it freezes it into [`Bytes`] only if the value keeps a slice of it.
+pub use rpc_transport::Received;
 pub use runtime::{
     CallOptions, Client, ClientConfig, ConnStats, Reconnect, Server, ServerConfig, ServerResources,
 };
@@ -68,6 +71,7 @@ pub mod __private {
     pub use crate::service::{assert_unique_ids, call, method_id, serve, unknown_method};
     pub use ::bytes::Bytes;
     pub use ::futures::future::BoxFuture;
+    pub use ::rpc_transport::Received;
     pub use ::serde;
     pub use ::std::sync::Arc;
 }

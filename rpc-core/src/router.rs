@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use rpc_transport::Received;
 
 use crate::error::ServiceError;
 use crate::proto::MethodId;
@@ -108,7 +109,7 @@ impl Service for Router {
         &self.methods
     }
 
-    fn call(&self, method: MethodId, payload: Bytes) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
+    fn call(&self, method: MethodId, payload: Received) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
         match self.route(method) {
             Some(i) => self.services[i].call(method, payload),
             None => unknown_method("router", method),

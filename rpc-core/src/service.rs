@@ -6,6 +6,7 @@ use std::future::Future;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use rpc_transport::Received;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -32,7 +33,9 @@ pub trait Service: Send + Sync + 'static {
     /// Its methods.
     fn methods(&self) -> &[MethodDesc];
     /// Runs one request: decodes the arguments, runs the method, encodes its result.
-    fn call(&self, method: MethodId, payload: Bytes) -> BoxFuture<'static, Result<Bytes, ServiceError>>;
+    /// The payload is the request as it lies in its receive buffer (or READ destination):
+    /// decoding it with [`serve`] freezes it only if the arguments keep a slice of it.
+    fn call(&self, method: MethodId, payload: Received) -> BoxFuture<'static, Result<Bytes, ServiceError>>;
 }
 
 /// The stable id of a method: FNV-1a (32 bit) of its signature as `#[service]` writes it,
@@ -92,7 +95,7 @@ where
         .call_since(started, method, MethodName::Stub(name), payload, opts)
         .await
         .map_err(|e| explain(e, name))?;
-    crate::codec::decode_shared(&response)
+    crate::codec::decode_received(response)
         .map_err(|e| CallError::Codec(Detail::caused_by("decoding the response", e)))
 }
 
@@ -113,7 +116,7 @@ fn explain(e: CallError, name: &ClientMethod) -> CallError {
 }
 
 /// Server side of a generated method: decodes `Args`, runs `f`, encodes its output.
-pub fn serve<Args, Resp, F, Fut>(payload: Bytes, f: F) -> BoxFuture<'static, Result<Bytes, ServiceError>>
+pub fn serve<Args, Resp, F, Fut>(payload: Received, f: F) -> BoxFuture<'static, Result<Bytes, ServiceError>>
 where
     Args: DeserializeOwned + Send + 'static,
     Resp: Serialize,
@@ -121,8 +124,9 @@ where
     Fut: Future<Output = Resp> + Send + 'static,
 {
     // `Bytes` arguments (decoded as `SharedBytes` by the generated code) are slices of the
-    // payload: no copy.
-    let (args, sliced): (Args, bool) = match crate::codec::decode_sharing(&payload) {
+    // payload: no copy. Arguments without any leave the receive buffer unfrozen.
+    let (decoded, payload) = crate::codec::decode_sharing::<Args>(payload);
+    let (args, sliced) = match decoded {
         Ok(a) => a,
         Err(e) => {
             return futures::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))).boxed()
@@ -130,8 +134,9 @@ where
     };
     // Arguments that hold slices of the payload keep it alive anyway: the payload is kept too
     // (until the handler returns), so that a response made of an argument as it came (an echo)
-    // is that slice of the payload, not a copy. Otherwise the payload goes now.
-    let source = sliced.then_some(payload);
+    // is that slice of the payload, not a copy. Otherwise the payload goes now (its buffer back
+    // to the pool).
+    let source = sliced.then(|| payload.into_bytes());
     async move {
         let resp = f(args).await;
         let encoded = match &source {
@@ -163,15 +168,16 @@ mod tests {
     #[test]
     fn an_echo_answers_with_its_request_payload_and_other_handlers_encode() {
         let payload = encode(&(Bytes::from(vec![7u8; 20_000]),)).unwrap();
-        let echoed = run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0 })).unwrap();
+        let echoed = run(serve(payload.clone().into(), |(b,): (SharedBytes,)| async move { b.0 })).unwrap();
         assert_eq!(echoed, payload);
         assert_eq!(echoed.as_ptr(), payload.as_ptr(), "the request payload itself, not a copy");
         // A handler that answers something else gets its own encoding.
         let half =
-            run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0.slice(..10_000) })).unwrap();
+            run(serve(payload.clone().into(), |(b,): (SharedBytes,)| async move { b.0.slice(..10_000) }))
+                .unwrap();
         assert_eq!(half, encode(&Bytes::from(vec![7u8; 10_000])).unwrap());
-        let len =
-            run(serve(payload.clone(), |(b,): (SharedBytes,)| async move { b.0.len() as u64 })).unwrap();
+        let len = run(serve(payload.clone().into(), |(b,): (SharedBytes,)| async move { b.0.len() as u64 }))
+            .unwrap();
         assert_eq!(len, encode(&20_000u64).unwrap());
     }
 }

@@ -369,7 +369,7 @@ async fn a_handler_may_take_its_context_as_first_argument() {
     // Called outside a server, the handler gets a detached context.
     use rpc_core::Service;
     let payload = rpc_core::codec::encode(&("eve".to_string(),)).unwrap();
-    let bytes = GreeterServer::new(GreeterImpl).call(GreeterClient::HELLO, payload).await.unwrap();
+    let bytes = GreeterServer::new(GreeterImpl).call(GreeterClient::HELLO, payload.into()).await.unwrap();
     let reply: String = rpc_core::codec::decode(&bytes).unwrap();
     assert_eq!(reply, "eve via detached for nobody");
 }

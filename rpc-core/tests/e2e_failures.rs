@@ -115,7 +115,7 @@ over_all_transports! {
         // Report the READ done: now the client revokes.
         let mut done = Header::new(FrameKind::Credit);
         done.done = header.call_id;
-        conn.post_send(1, frame(done)).unwrap();
+        conn.post_send(1, frame(done).into()).unwrap();
         let revoked = async {
             while client.stats().await.unwrap().transport.regions_revoked != 1 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -222,7 +222,7 @@ over_all_transports! {
             h[..20].to_vec() // a truncated header
         }] {
             let mut bad = transport::connect(&addr, raw_params()).await.unwrap();
-            bad.post_send(1, Bytes::from(garbage)).unwrap();
+            bad.post_send(1, Bytes::from(garbage).into()).unwrap();
             // The server closes that connection: we see it fail (not hang).
             let closed = tokio::time::timeout(common::LIMIT, async {
                 loop {

@@ -60,6 +60,6 @@ fn expansion_compiles_without_the_prelude_and_with_a_renamed_crate() {
 fn server_refuses_ids_of_no_method() {
     let server = StoreServer::new(Empty);
     let unknown = StoreClient::LOAD ^ StoreClient::CLEAR ^ StoreClient::COUNT;
-    let reply = block_on(server.call(unknown, renamed_rpc::__private::Bytes::new()));
+    let reply = block_on(server.call(unknown, renamed_rpc::__private::Received::new()));
     assert!(reply.is_err());
 }

@@ -75,11 +75,11 @@ async fn measure(size: usize, secs: f64, push_window: u64) -> Result<f64, Transp
     let (start, mut calls) = (Instant::now(), 0u64);
     while start.elapsed() < Duration::from_secs_f64(secs) {
         let request = client.register(payload.clone())?;
-        client.post_send(1, encode(&request))?;
+        client.post_send(1, encode(&request).into())?;
         let remote = recv_desc(&mut *server).await?;
         let got = read(&mut *server, remote).await?;
         let response = server.register(got.freeze())?;
-        server.post_send(2, encode(&response))?;
+        server.post_send(2, encode(&response).into())?;
         let remote = recv_desc(&mut *client).await?;
         let echoed = read(&mut *client, remote).await?;
         assert_eq!(echoed.len(), size);

@@ -10,7 +10,8 @@
 //!   receive is posted is counted in [`TransportCounters::recv_unexpected`]; the protocol's credit
 //!   scheme keeps that counter at zero.
 //! * **Two-sided SEND** of a message no larger than the peer's `recv_size`:
-//!   [`Connection::post_send`].
+//!   [`Connection::post_send`], from a [`SendBuf`] (a pool buffer the message was written into,
+//!   or shared `Bytes`).
 //! * **Registered memory**: [`Connection::register`] pins a buffer and returns a [`RegionDesc`]
 //!   `(addr, len, rkey)` that may be advertised to the peer. The region is readable by the peer
 //!   (REMOTE_READ only) until [`Connection::deregister`] revokes its key.
@@ -63,12 +64,16 @@ pub mod mem;
 mod pool;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+mod received;
+mod send_buf;
 mod soft;
 pub mod tcp;
 
 pub use address::{connect, listen, Address};
 pub use error::{Detail, ReadError, SharedError, TransportError};
 pub use pool::{Buf, MemPool, PoolCounters, PoolLimits, CHUNK_BYTES, MAX_CLASS};
+pub use received::Received;
+pub use send_buf::SendBuf;
 
 /// A boxed, `Send` future, as returned by the object-safe parts of the seam.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -295,8 +300,9 @@ impl ConnInfo {
 /// A receive buffer: owned by the receive queue while posted, by the caller after its completion.
 ///
 /// Backends post buffers of their connection's [`MemPool`] (registered memory on `rdma`), so the
-/// NIC writes the message where the caller reads it; [`RecvBuffer::into_bytes`] hands the
-/// message on without copying, and the memory returns to the pool when the last `Bytes` drops.
+/// NIC writes the message where the caller reads it; [`RecvBuffer::into_received`] hands the
+/// message on without copying (and [`Received::lend`] decodes it where it lies), and the memory
+/// returns to the pool when the message, or the last `Bytes` made of it, drops.
 pub struct RecvBuffer {
     buf: Buf,
     /// The largest message it takes (the receive size it was posted for).
@@ -322,9 +328,14 @@ impl RecvBuffer {
     pub fn capacity(&self) -> usize {
         self.limit
     }
-    /// The received message as [`Bytes`], without copying.
+    /// The received message as [`Bytes`], without copying (freezing the buffer: one
+    /// allocation; [`RecvBuffer::into_received`] hands it on without).
     pub fn into_bytes(self) -> Bytes {
         self.buf.freeze()
+    }
+    /// The received message, as it lies in the buffer (nothing frozen, nothing allocated).
+    pub fn into_received(self) -> Received {
+        Received::from(self.buf)
     }
     /// The underlying buffer (its length is the message's).
     pub fn into_buf(self) -> Buf {
@@ -485,14 +496,16 @@ pub trait Connection: Send + fmt::Debug + 'static {
         Ok(())
     }
 
-    /// Posts a two-sided SEND of `msg` (at most [`ConnInfo::peer_recv_size`] bytes).
-    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError>;
+    /// Posts a two-sided SEND of `msg` (at most [`ConnInfo::peer_recv_size`] bytes). The
+    /// operation owns `msg` until its completion: a [`SendBuf::Owned`] buffer of
+    /// [`Connection::pool`] is sent as it is and returns to the pool afterwards.
+    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError>;
 
     /// Posts every SEND of `sends` (drained, in order) as [`Connection::post_send`] would, in
     /// as few calls to the device as it can (rdma: one `ibv_post_send` per 16). An error means
     /// what it means for `post_send` (the connection is unusable); the SENDs after the one that
     /// failed are dropped unposted.
-    fn post_send_batch(&mut self, sends: &mut Vec<(WrId, Bytes)>) -> Result<(), TransportError> {
+    fn post_send_batch(&mut self, sends: &mut Vec<(WrId, SendBuf)>) -> Result<(), TransportError> {
         let mut result = Ok(());
         for (wr_id, msg) in sends.drain(..) {
             if result.is_ok() {

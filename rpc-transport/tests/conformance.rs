@@ -58,7 +58,7 @@ async fn round_trip(b: Backend) {
 async fn completions_in_order(b: Backend) {
     let (mut client, mut server) = pair(b, params(8, 64), params(200, 64)).await;
     for i in 0..150u64 {
-        client.post_send(i, Bytes::from(i.to_le_bytes().to_vec())).unwrap();
+        client.post_send(i, Bytes::from(i.to_le_bytes().to_vec()).into()).unwrap();
     }
     for i in 0..150u64 {
         let (id, result) = send_done(&mut *client).await;
@@ -84,7 +84,7 @@ async fn message_size_limit(b: Backend) {
     let exact = pattern(100);
     send_ok(&mut *client, 1, &exact).await;
     assert_eq!(recv(&mut *server).await, exact);
-    match client.post_send(2, Bytes::from(pattern(101))) {
+    match client.post_send(2, Bytes::from(pattern(101)).into()) {
         Err(TransportError::MessageTooLarge { len: 101, max: 100 }) => {}
         other => panic!("expected MessageTooLarge, got {other:?}"),
     }
@@ -286,7 +286,7 @@ async fn peer_close_flushes_and_errors(b: Backend) {
     let region = server.register(Bytes::from(pattern(1 << 20))).unwrap();
     for i in 0..8 {
         client.post_read(i, region, vec![0; 1 << 20].into()).unwrap();
-        client.post_send(100 + i, Bytes::from_static(b"x")).unwrap();
+        client.post_send(100 + i, Bytes::from_static(b"x").into()).unwrap();
     }
     server.close();
     let (seen, err) = drain_to_error(&mut *client).await;
@@ -313,7 +313,7 @@ async fn peer_close_flushes_and_errors(b: Backend) {
     assert_eq!(ids, (0..8).chain(100..108).collect::<Vec<_>>());
     // The error is sticky, and nothing more can be posted.
     assert!(matches!(next(&mut *client).await, Err(TransportError::Disconnected(_))));
-    assert!(client.post_send(1, Bytes::new()).is_err());
+    assert!(client.post_send(1, Bytes::new().into()).is_err());
     assert!(client.post_read(1, region, vec![0; 1 << 20].into()).is_err());
     assert!(client.post_recv(RecvBuffer::new(8)).is_err());
     let (_, server_err) = drain_to_error(&mut *server).await;
@@ -345,7 +345,7 @@ async fn posted_buffer_too_small_fails_connection(b: Backend) {
         other => panic!("expected a receive, got {other:?}"),
     }
     server.post_recv(RecvBuffer::new(4)).unwrap(); // smaller than the advertised recv_size
-    client.post_send(2, Bytes::from_static(b"does not fit")).unwrap();
+    client.post_send(2, Bytes::from_static(b"does not fit").into()).unwrap();
     let (_, err) = drain_to_error(&mut *server).await;
     assert!(matches!(err, TransportError::Malformed(_)), "{err:?}");
     let (_, err) = drain_to_error(&mut *client).await;

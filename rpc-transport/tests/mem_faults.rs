@@ -119,10 +119,10 @@ async fn completion_delay_holds_completions_back_in_order() {
     fabric.faults(&name).set_completion_delay(delay);
     let region = server.register(Bytes::from_static(b"delayed")).unwrap();
     let start = Instant::now();
-    client.post_send(1, Bytes::from_static(b"a")).unwrap();
+    client.post_send(1, Bytes::from_static(b"a").into()).unwrap();
     client.post_read(2, region, vec![0; 7].into()).unwrap();
     fabric.faults(&name).set_completion_delay(Duration::ZERO);
-    client.post_send(3, Bytes::from_static(b"b")).unwrap(); // not delayed, but must not overtake
+    client.post_send(3, Bytes::from_static(b"b").into()).unwrap(); // not delayed, but must not overtake
 
     let mut out = Vec::new();
     let polled = futures::future::poll_fn(|cx| client.poll_completions(cx, &mut out, 8)).now_or_never();
@@ -142,7 +142,7 @@ async fn delayed_operations_are_flushed_by_close() {
     let region = server.register(Bytes::from_static(b"never read")).unwrap();
     fabric.faults(&name).set_completion_delay(Duration::from_secs(3600));
     client.post_read(1, region, vec![0; 10].into()).unwrap();
-    client.post_send(2, Bytes::from_static(b"never sent")).unwrap();
+    client.post_send(2, Bytes::from_static(b"never sent").into()).unwrap();
     server.close();
     let (seen, err) = drain_to_error(&mut *client).await;
     assert!(matches!(err, TransportError::Disconnected(_)));
@@ -163,7 +163,7 @@ async fn fail_next_completions_fails_sends_without_delivering() {
     let (mut client, mut server, fabric, name) = mem_pair(ConnParams::default(), ConnParams::default()).await;
     fabric.faults(&name).fail_next_completions(2);
     for i in 0..3u64 {
-        client.post_send(i, Bytes::from(vec![i as u8; 4])).unwrap();
+        client.post_send(i, Bytes::from(vec![i as u8; 4]).into()).unwrap();
     }
     for i in 0..2 {
         let (id, result) = send_done(&mut *client).await;
@@ -227,7 +227,7 @@ async fn plan_set_before_listening_applies_to_later_connections() {
     let addr: Address = format!("mem://{name}").parse().unwrap();
     let mut client = rpc_transport::connect(&addr, ConnParams::default()).await.unwrap();
     let _server = l.accept().await.unwrap();
-    client.post_send(1, Bytes::from_static(b"x")).unwrap();
+    client.post_send(1, Bytes::from_static(b"x").into()).unwrap();
     assert!(matches!(send_done(&mut *client).await, (1, Err(TransportError::Injected(_)))));
 }
 
@@ -245,9 +245,9 @@ async fn black_hole_swallows_sends_and_reads_both_ways_without_death() {
     let server_region = server.register(Bytes::from_static(b"server bytes")).unwrap();
     let client_region = client.register(Bytes::from_static(b"client bytes")).unwrap();
     fabric.faults(&name).black_hole();
-    client.post_send(1, Bytes::from_static(b"to server")).unwrap();
+    client.post_send(1, Bytes::from_static(b"to server").into()).unwrap();
     client.post_read(2, server_region, vec![0; 12].into()).unwrap();
-    server.post_send(3, Bytes::from_static(b"to client")).unwrap();
+    server.post_send(3, Bytes::from_static(b"to client").into()).unwrap();
     server.post_read(4, client_region, vec![0; 12].into()).unwrap();
 
     assert!(stays_silent(&mut *client, Duration::from_millis(200)).await, "the client saw a completion");
@@ -283,7 +283,7 @@ async fn black_hole_can_be_turned_off_for_later_operations() {
     let (mut client, mut server, fabric, name) = mem_pair(ConnParams::default(), ConnParams::default()).await;
     let plan = fabric.faults(&name);
     plan.black_hole();
-    client.post_send(1, Bytes::from_static(b"lost")).unwrap();
+    client.post_send(1, Bytes::from_static(b"lost").into()).unwrap();
     plan.set_black_hole(false);
     send_ok(&mut *client, 2, b"delivered").await;
     assert_eq!(recv(&mut *server).await, b"delivered", "the swallowed message never arrives");

@@ -21,7 +21,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use rpc_transport::rdma::{self, RdmaConfig};
 use rpc_transport::{
-    Address, Completion, ConnParams, Connection, KeyPolicy, ReadError, RecvBuffer, RegionDesc, TransportError,
+    Address, Completion, ConnParams, Connection, KeyPolicy, ReadError, RecvBuffer, RegionDesc, SendBuf,
+    TransportError,
 };
 
 /// Bound on every wait (user code runs ~17x slower in the TCG VM).
@@ -122,7 +123,7 @@ async fn read_done(conn: &mut dyn Connection) -> (u64, Result<Vec<u8>, ReadError
 }
 
 async fn send_ok(conn: &mut dyn Connection, wr_id: u64, msg: &[u8]) {
-    conn.post_send(wr_id, Bytes::copy_from_slice(msg)).expect("post_send");
+    conn.post_send(wr_id, Bytes::copy_from_slice(msg).into()).expect("post_send");
     let (id, result) = send_done(conn).await;
     assert_eq!(id, wr_id);
     result.expect("send completion");
@@ -145,7 +146,7 @@ async fn expect_connection_failed(client: &mut dyn Connection, server: &mut dyn 
     let (seen, err) = drain_to_error(client).await;
     assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
     assert!(seen.iter().all(|c| !matches!(c, Completion::Read { result: Ok(_), .. })), "{seen:?}");
-    assert!(client.post_send(99, Bytes::new()).is_err(), "posting on a failed connection");
+    assert!(client.post_send(99, Bytes::new().into()).is_err(), "posting on a failed connection");
     server.close();
     let (_, err) = drain_to_error(server).await;
     assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
@@ -211,7 +212,7 @@ async fn round_trip() {
 async fn completions_in_order() {
     let (mut client, mut server) = pair(params(8, 64), params(200, 64)).await;
     for i in 0..150u64 {
-        client.post_send(i, Bytes::from(i.to_le_bytes().to_vec())).unwrap();
+        client.post_send(i, Bytes::from(i.to_le_bytes().to_vec()).into()).unwrap();
     }
     for i in 0..150u64 {
         let (id, result) = send_done(&mut *client).await;
@@ -237,7 +238,7 @@ async fn small_sends_go_unsignaled() {
     assert_eq!(c.sends, 600);
     assert!(c.sends_unsignaled >= 500, "most small SENDs unsignaled: {c:?}");
     for i in 0..50u64 {
-        client.post_send(1000 + i, Bytes::from(vec![i as u8; 16])).unwrap();
+        client.post_send(1000 + i, Bytes::from(vec![i as u8; 16]).into()).unwrap();
     }
     for i in 0..50u64 {
         let (id, result) = send_done(&mut *client).await;
@@ -268,7 +269,7 @@ async fn large_messages_use_send_slabs() {
     for i in 0..n {
         let mut msg = pattern(8192);
         msg[..8].copy_from_slice(&i.to_le_bytes());
-        client.post_send(i, Bytes::from(msg)).unwrap();
+        client.post_send(i, Bytes::from(msg).into()).unwrap();
     }
     for i in 0..n {
         let (id, result) = send_done(&mut *client).await;
@@ -289,7 +290,7 @@ async fn message_size_limit() {
     let exact = pattern(100);
     send_ok(&mut *client, 1, &exact).await;
     assert_eq!(recv(&mut *server).await, exact);
-    match client.post_send(2, Bytes::from(pattern(101))) {
+    match client.post_send(2, Bytes::from(pattern(101)).into()) {
         Err(TransportError::MessageTooLarge { len: 101, max: 100 }) => {}
         other => panic!("expected MessageTooLarge, got {other:?}"),
     }
@@ -455,8 +456,8 @@ async fn read_destination_must_match() {
 /// buffering, on both sides.
 async fn unexpected_message_fails_connection() {
     let (mut client, mut server) = pair(params(4, 64), params(1, 64)).await;
-    client.post_send(1, Bytes::from_static(b"one")).unwrap();
-    client.post_send(2, Bytes::from_static(b"two")).unwrap();
+    client.post_send(1, Bytes::from_static(b"one").into()).unwrap();
+    client.post_send(2, Bytes::from_static(b"two").into()).unwrap();
     let (seen, err) = drain_to_error(&mut *client).await;
     assert!(matches!(err, TransportError::Disconnected(_)), "{err:?}");
     let results: Vec<_> = seen
@@ -490,7 +491,7 @@ async fn peer_close_flushes_and_errors() {
     let region = server.register(Bytes::from(pattern(1 << 20))).unwrap();
     for i in 0..8 {
         client.post_read(i, region, vec![0; 1 << 20].into()).unwrap();
-        client.post_send(100 + i, Bytes::from_static(b"x")).unwrap();
+        client.post_send(100 + i, Bytes::from_static(b"x").into()).unwrap();
     }
     server.close();
     let (seen, err) = drain_to_error(&mut *client).await;
@@ -512,7 +513,7 @@ async fn peer_close_flushes_and_errors() {
     ids.sort_unstable();
     assert_eq!(ids, (0..8).chain(100..108).collect::<Vec<_>>());
     assert!(matches!(next(&mut *client).await, Err(TransportError::Disconnected(_))));
-    assert!(client.post_send(1, Bytes::new()).is_err());
+    assert!(client.post_send(1, Bytes::new().into()).is_err());
     assert!(client.post_read(1, region, vec![0; 1 << 20].into()).is_err());
     assert!(client.post_recv(RecvBuffer::new(8)).is_err());
     let (_, server_err) = drain_to_error(&mut *server).await;
@@ -543,7 +544,7 @@ async fn posted_buffer_too_small_fails_connection() {
         other => panic!("expected a receive, got {other:?}"),
     }
     server.post_recv(RecvBuffer::new(4)).unwrap();
-    client.post_send(2, Bytes::from_static(b"does not fit")).unwrap();
+    client.post_send(2, Bytes::from_static(b"does not fit").into()).unwrap();
     let (_, err) = drain_to_error(&mut *server).await;
     assert!(matches!(err, TransportError::Malformed(_)), "{err:?}");
     let (_, err) = drain_to_error(&mut *client).await;
@@ -654,7 +655,7 @@ async fn sends_larger_than_our_own_receive_size() {
         if len >= 8 {
             msg[..8].copy_from_slice(&(i as u64).to_le_bytes());
         }
-        client.post_send(i as u64, Bytes::from(msg)).unwrap();
+        client.post_send(i as u64, Bytes::from(msg).into()).unwrap();
     }
     for i in 0..sizes.len() as u64 {
         let (id, result) = send_done(&mut *client).await;
@@ -669,7 +670,7 @@ async fn sends_larger_than_our_own_receive_size() {
             assert_eq!(got[8..], pattern(len)[8..], "message {i}");
         }
     }
-    match client.post_send(99, Bytes::from(pattern((64 << 10) + 1))) {
+    match client.post_send(99, Bytes::from(pattern((64 << 10) + 1)).into()) {
         Err(TransportError::MessageTooLarge { .. }) => {}
         other => panic!("expected MessageTooLarge, got {other:?}"),
     }
@@ -737,10 +738,12 @@ async fn pool_memory_needs_no_registration() {
     let payload = pattern(300 << 10);
     for round in 0..3u64 {
         let (c0, s0) = (client.counters(), server.counters());
-        // A SEND larger than inline data, from the pool.
+        // A SEND larger than inline data, from the pool: as the buffer itself, and (round 0)
+        // frozen into `Bytes`.
         let mut frame = client.pool().alloc(4000).unwrap();
         frame.copy_from_slice(&payload[..4000]);
-        client.post_send(round, frame.freeze()).unwrap();
+        let msg: SendBuf = if round == 0 { frame.freeze().into() } else { frame.into() };
+        client.post_send(round, msg).unwrap();
         let (_, sent) = send_done(&mut *client).await;
         sent.expect("send");
         match next(&mut *server).await.unwrap() {

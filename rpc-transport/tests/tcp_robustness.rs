@@ -413,7 +413,7 @@ async fn direct_and_queued_sends_keep_their_order_through_partial_writes() {
     let mut client = within("connect", tcp::connect(addr, ConnParams::default())).await.unwrap();
     let mut completed = Vec::new();
     for i in 0..N {
-        client.post_send(i, Bytes::from(payload(i))).unwrap();
+        client.post_send(i, Bytes::from(payload(i)).into()).unwrap();
         // Taking the completions that are ready lets the next SEND go directly if it can.
         let mut out = Vec::new();
         let _ = futures::FutureExt::now_or_never(futures::future::poll_fn(|cx| {

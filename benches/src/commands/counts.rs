@@ -1,12 +1,16 @@
 //! `rpc-bench counts`: what one small call costs in allocations and wake-ups, so that a
 //! regression shows as a number, not as noise in a latency percentile.
 //!
-//! Per transport, in this process on a current-thread runtime: a server, a client, warm-up
-//! calls, then `--calls` 32 B echo calls through the generated stub, one outstanding. Printed per
-//! call:
+//! Per transport and per call, in this process on a current-thread runtime: a server, a client,
+//! warm-up calls, then `--calls` calls through the generated stub, one outstanding. The calls:
+//! a 32 B echo (`Bytes` argument and result: decoded as slices of the received messages, which
+//! are frozen into `Bytes` for them), and `increment` (a `u64` each way: nothing of a message is
+//! kept). A last row per call measures the client alone: the server in a child process (tcp).
+//! Printed per call:
 //!
-//! * allocations and bytes allocated (the whole process: client and server), counted by the
-//!   global allocator of `rpc-bench` when it is built with `--features count-allocs`;
+//! * allocations and bytes allocated (the whole process: client and server, or the client alone
+//!   in the last rows), counted by the global allocator of `rpc-bench` when it is built with
+//!   `--features count-allocs`;
 //! * polls of the calling future (a poll-counting wrapper around each call);
 //! * polls of the client's and of the server's connection driver ([`rpc_core::ConnStats`]);
 //! * handler tasks the server spawned.
@@ -19,8 +23,9 @@ use bytes::Bytes;
 use rpc_core::{Client, ClientConfig, ConnStats, Server};
 
 use crate::cli::CountsArgs;
+use crate::server_proc::{ServerCommand, ServerProcess};
 use crate::service::{BenchClient, BenchImpl, BenchServer};
-use crate::target::ProtoSettings;
+use crate::target::{ProtoSettings, System};
 use crate::BenchError;
 
 use super::plan::listen_address;
@@ -68,16 +73,35 @@ impl<F: Future> Future for CountPolls<'_, F> {
     }
 }
 
-/// The figures of one transport, per call.
+/// The call a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallKind {
+    /// `echo` of `--size` bytes.
+    Echo,
+    /// `increment(u64) -> u64`: nothing in it is `Bytes`.
+    Increment,
+}
+
+impl CallKind {
+    fn label(self, size: usize) -> String {
+        match self {
+            CallKind::Echo => format!("echo {size} B"),
+            CallKind::Increment => "increment (u64, no Bytes)".to_string(),
+        }
+    }
+}
+
+/// The figures of one transport and call, per call (`None`: not measured in that setup).
 #[derive(Debug, Clone)]
 struct Row {
     transport: String,
+    call: String,
     allocations: Option<f64>,
     bytes: Option<f64>,
     caller_polls: f64,
     client_driver_polls: f64,
-    server_driver_polls: f64,
-    handlers_spawned: f64,
+    server_driver_polls: Option<f64>,
+    handlers_spawned: Option<f64>,
 }
 
 pub(super) async fn counts(args: CountsArgs) -> Result<(), BenchError> {
@@ -85,14 +109,49 @@ pub(super) async fn counts(args: CountsArgs) -> Result<(), BenchError> {
         return Err(BenchError::Usage("--calls must be at least 1".into()));
     }
     let mut rows = Vec::new();
-    for transport in &args.transports {
-        rows.push(measure(transport, &args).await?);
+    for kind in [CallKind::Echo, CallKind::Increment] {
+        for transport in &args.transports {
+            rows.push(measure(transport, kind, &args).await?);
+        }
+    }
+    for kind in [CallKind::Echo, CallKind::Increment] {
+        rows.push(measure_client_alone(kind, &args).await?);
     }
     print(&args, &rows);
     Ok(())
 }
 
-async fn measure(transport: &str, args: &CountsArgs) -> Result<Row, BenchError> {
+/// What the measured calls cost: the allocation counts before and after, the caller's polls.
+struct Measured {
+    alloc: Option<(Allocated, Allocated)>,
+    caller_polls: u64,
+}
+
+async fn warm_up(stub: &BenchClient, kind: CallKind, args: &CountsArgs) -> Result<(), BenchError> {
+    let data = Bytes::from(vec![0x5au8; args.size]);
+    let mut ignored = 0;
+    for i in 0..args.warmup {
+        call(stub, kind, &data, i, &mut ignored).await?;
+    }
+    Ok(())
+}
+
+async fn measured_calls(
+    stub: &BenchClient,
+    kind: CallKind,
+    args: &CountsArgs,
+) -> Result<Measured, BenchError> {
+    let data = Bytes::from(vec![0x5au8; args.size]);
+    let mut caller_polls = 0;
+    let alloc0 = allocated();
+    for i in 0..args.calls {
+        call(stub, kind, &data, i, &mut caller_polls).await?;
+    }
+    let alloc1 = allocated();
+    Ok(Measured { alloc: alloc0.zip(alloc1), caller_polls })
+}
+
+async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<Row, BenchError> {
     let settings = ProtoSettings::default();
     let listen = listen_address(transport);
     let server = Server::bind(&listen, settings.server_config(), BenchServer::new(BenchImpl::new()))
@@ -103,45 +162,98 @@ async fn measure(transport: &str, args: &CountsArgs) -> Result<Row, BenchError> 
         .await
         .map_err(|e| BenchError::connect(&addr, e))?;
     let stub = BenchClient::new(client.clone());
-    let data = Bytes::from(vec![0x5au8; args.size]);
-    let mut ignored = 0;
-    for _ in 0..args.warmup {
-        echo(&stub, &data, &mut ignored).await?;
-    }
+    warm_up(&stub, kind, args).await?;
     let (client0, server0) = snapshot(&client, &server).await?;
-    let mut caller_polls = 0;
-    let alloc0 = allocated();
-    for _ in 0..args.calls {
-        echo(&stub, &data, &mut caller_polls).await?;
-    }
-    let alloc1 = allocated();
+    let m = measured_calls(&stub, kind, args).await?;
     let (client1, server1) = snapshot(&client, &server).await?;
     drop(stub);
     drop(client);
     server.shutdown().await;
 
-    let n = args.calls as f64;
-    let per_call = |d: u64| d as f64 / n;
-    let alloc = alloc0.zip(alloc1);
+    let per_call = |d: u64| d as f64 / args.calls as f64;
     Ok(Row {
         transport: transport.to_string(),
-        allocations: alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
-        bytes: alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
-        caller_polls: per_call(caller_polls),
+        call: kind.label(args.size),
+        allocations: m.alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
+        bytes: m.alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
+        caller_polls: per_call(m.caller_polls),
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
-        server_driver_polls: per_call(server1.driver_polls - server0.driver_polls),
-        handlers_spawned: per_call(server1.handlers_spawned - server0.handlers_spawned),
+        server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
+        handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
     })
 }
 
-/// One echo call, its polls counted in `polls`; the answer must be the same size.
-async fn echo(stub: &BenchClient, data: &Bytes, polls: &mut u64) -> Result<(), BenchError> {
-    let call = pin!(stub.echo(data.clone()));
-    let got = CountPolls { inner: call, polls }.await.map_err(|e| BenchError::Call(e.to_string()))?;
-    match got.len() == data.len() {
-        true => Ok(()),
-        false => Err(BenchError::Call(format!("echo of {} B returned {} B", data.len(), got.len()))),
+/// The client alone in this process: the server runs in a child process (tcp), so that the
+/// allocations counted are the client's.
+async fn measure_client_alone(kind: CallKind, args: &CountsArgs) -> Result<Row, BenchError> {
+    let settings = ProtoSettings::default();
+    let server = ServerProcess::spawn(&ServerCommand {
+        system: System::RpcCore,
+        listen: "tcp://127.0.0.1:0".into(),
+        settings,
+        cpu: None,
+        threads: 1,
+    })?;
+    let addr = server.addr().to_string();
+    let client = Client::connect(&addr, ClientConfig::default().proto(settings.proto()))
+        .await
+        .map_err(|e| BenchError::connect(&addr, e))?;
+    let stub = BenchClient::new(client.clone());
+    warm_up(&stub, kind, args).await?;
+    let client0 = quiet_stats(&client).await?;
+    let m = measured_calls(&stub, kind, args).await?;
+    let client1 = quiet_stats(&client).await?;
+    drop(stub);
+    drop(client);
+    server.stop()?;
+
+    let per_call = |d: u64| d as f64 / args.calls as f64;
+    Ok(Row {
+        transport: "tcp, server in a child process (client alone)".to_string(),
+        call: kind.label(args.size),
+        allocations: m.alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
+        bytes: m.alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
+        caller_polls: per_call(m.caller_polls),
+        client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
+        server_driver_polls: None,
+        handlers_spawned: None,
+    })
+}
+
+/// One call, its polls counted in `polls`; the answer must be the expected one.
+async fn call(
+    stub: &BenchClient,
+    kind: CallKind,
+    data: &Bytes,
+    i: u64,
+    polls: &mut u64,
+) -> Result<(), BenchError> {
+    match kind {
+        CallKind::Echo => {
+            let call = pin!(stub.echo(data.clone()));
+            let got = CountPolls { inner: call, polls }.await.map_err(|e| BenchError::Call(e.to_string()))?;
+            match got.len() == data.len() {
+                true => Ok(()),
+                false => Err(BenchError::Call(format!("echo of {} B returned {} B", data.len(), got.len()))),
+            }
+        }
+        CallKind::Increment => {
+            let call = pin!(stub.increment(i));
+            let got = CountPolls { inner: call, polls }.await.map_err(|e| BenchError::Call(e.to_string()))?;
+            match got == i.wrapping_add(1) {
+                true => Ok(()),
+                false => Err(BenchError::Call(format!("increment of {i} returned {got}"))),
+            }
+        }
     }
+}
+
+/// The client's counters once the connection is quiet.
+async fn quiet_stats(client: &Client) -> Result<ConnStats, BenchError> {
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+    client.stats().await.map_err(|e| BenchError::Call(format!("client stats: {e}")))
 }
 
 /// Both sides' counters once the connection is quiet: the server publishes its counters when
@@ -159,26 +271,27 @@ async fn snapshot(client: &Client, server: &Server) -> Result<(ConnStats, ConnSt
 
 fn print(args: &CountsArgs, rows: &[Row]) {
     println!(
-        "{} B echo, {} calls after {} warm-up, one outstanding, client and server in this process \
-         (current-thread runtime); per call:",
-        args.size, args.calls, args.warmup
+        "{} calls after {} warm-up, one outstanding, client and server in this process (current-thread \
+         runtime) unless said otherwise; per call:",
+        args.calls, args.warmup
     );
     println!();
     println!(
-        "| transport | allocations | bytes allocated | caller polls | client driver polls | server driver polls | handler tasks |"
+        "| transport | call | allocations | bytes allocated | caller polls | client driver polls | server driver polls | handler tasks |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     let opt = |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
     for r in rows {
         println!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {} | {} |",
             r.transport,
+            r.call,
             opt(r.allocations, 2),
             opt(r.bytes, 0),
             r.caller_polls,
             r.client_driver_polls,
-            r.server_driver_polls,
-            r.handlers_spawned,
+            opt(r.server_driver_polls, 2),
+            opt(r.handlers_spawned, 2),
         );
     }
     if rows.iter().any(|r| r.allocations.is_none()) {

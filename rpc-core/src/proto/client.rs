@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{Buf, Detail, MemPool, ReadError, RegionDesc, WrId};
+use rpc_transport::{Buf, Detail, MemPool, ReadError, Received, RegionDesc, WrId};
 use rustc_hash::FxHashMap;
 
 use super::config::{PeerLimits, ProtoConfig};
@@ -102,14 +102,15 @@ impl Payload {
 }
 
 /// Something the application must learn.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum ClientEvent {
     /// A call finished (successfully or not). Exactly one per started call, unless cancelled.
     Completed {
         /// Which call.
         call_id: u64,
-        /// The response payload, or why there is none.
-        result: Result<Bytes, CallFailure>,
+        /// The response payload (as it lies in its receive buffer or READ destination), or why
+        /// there is none.
+        result: Result<Received, CallFailure>,
         /// Which path each direction took.
         info: CallInfo,
     },
@@ -336,7 +337,8 @@ impl ClientProto {
     /// Handles one received frame at time `now`; an eager response's payload is a slice of
     /// `frame` (no copy). An error is fatal: close the connection and call
     /// [`ClientProto::fail_all`].
-    pub fn handle_recv_bytes(&mut self, frame: Bytes, now: Instant) -> Result<(), ProtoError> {
+    pub fn handle_recv_bytes(&mut self, frame: impl Into<Received>, now: Instant) -> Result<(), ProtoError> {
+        let frame = frame.into();
         let header = Header::decode(&frame)?;
         self.link.on_frame_received(&header, now)?;
         if header.done != 0 {
@@ -350,7 +352,7 @@ impl ClientProto {
         }
     }
 
-    fn on_response(&mut self, header: &Header, body: Bytes) -> Result<(), ProtoError> {
+    fn on_response(&mut self, header: &Header, body: Received) -> Result<(), ProtoError> {
         let call_id = header.call_id;
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
         if rendezvous && header.flags & FLAG_ERROR != 0 {
@@ -401,7 +403,7 @@ impl ClientProto {
             Ok(data) => {
                 self.link.stats.rendezvous_received += 1;
                 self.link.stats.bytes_read += data.len() as u64;
-                self.complete(read.call_id, Ok(data));
+                self.complete(read.call_id, Ok(data.into()));
             }
             Err(e) => self.complete(read.call_id, Err(CallFailure::ReadFailed(e))),
         }
@@ -489,7 +491,7 @@ impl ClientProto {
         }
     }
 
-    fn complete(&mut self, call_id: u64, result: Result<Bytes, CallFailure>) {
+    fn complete(&mut self, call_id: u64, result: Result<Received, CallFailure>) {
         if let Some(call) = self.calls.remove(&call_id) {
             self.link.stats.calls_completed += 1;
             self.events.push_back(ClientEvent::Completed { call_id, result, info: call.info });

@@ -6,6 +6,10 @@ use super::error::ProtoError;
 use super::header::HEADER_LEN;
 use super::wire::{DESC_LEN, MAX_ERROR_MESSAGE};
 
+/// The smallest [`ProtoConfig::eager_threshold`] the setter allows: payloads this small travel
+/// inline with any configuration made through it.
+pub(crate) const MIN_EAGER_THRESHOLD: usize = 64;
+
 /// Protocol settings of one side of a connection. Both sides send theirs in the hello; each
 /// side's limits bind what the other may send it.
 #[derive(Debug, Clone)]
@@ -82,7 +86,7 @@ impl Default for ProtoConfig {
 impl ProtoConfig {
     /// Sets [`ProtoConfig::eager_threshold`] (clamped to at least 64 bytes).
     pub fn eager_threshold(mut self, bytes: usize) -> Self {
-        self.eager_threshold = bytes.max(64);
+        self.eager_threshold = bytes.max(MIN_EAGER_THRESHOLD);
         self
     }
     /// Sets [`ProtoConfig::recv_depth`] (clamped to at least 4).

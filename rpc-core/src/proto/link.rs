@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rpc_transport::{Buf, MemPool, RegionDesc, WrId};
+use rpc_transport::{Buf, MemPool, RegionDesc, SendBuf, WrId};
 
 use crate::arena::{self, Arena};
 
@@ -39,14 +39,14 @@ use super::rendezvous::Rendezvous;
 use super::stats::ProtoStats;
 
 /// An operation the driver must post on the transport.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Op {
     /// SEND this frame. A failed send completion is fatal for the connection.
     Send {
         /// Id for the completion.
         wr_id: WrId,
-        /// Header and body.
-        frame: Bytes,
+        /// Header and body: normally the pool buffer they were written into, posted as it is.
+        frame: SendBuf,
     },
     /// Register `data` for remote READ and report with `handle_registered(call_id, ..)`.
     Register {
@@ -475,14 +475,14 @@ impl Link {
             Some(mut buf) => {
                 buf[..HEADER_LEN].copy_from_slice(&h);
                 buf[HEADER_LEN..].copy_from_slice(body);
-                buf.freeze()
+                SendBuf::Owned(buf)
             }
-            None if HEADER_LEN + body.len() <= arena::SMALL => self.arena.copy(&[&h, body]),
+            None if HEADER_LEN + body.len() <= arena::SMALL => self.arena.copy(&[&h, body]).into(),
             None => {
                 let mut frame = BytesMut::with_capacity(HEADER_LEN + body.len());
                 frame.put_slice(&h);
                 frame.put_slice(body);
-                frame.freeze()
+                frame.freeze().into()
             }
         };
         self.push_send(frame);
@@ -492,7 +492,7 @@ impl Link {
     fn send_framed(&mut self, header: Header, mut buf: Buf) {
         let h = self.seal(header, buf.len().saturating_sub(HEADER_LEN));
         buf[..HEADER_LEN].copy_from_slice(&h);
-        self.push_send(buf.freeze());
+        self.push_send(SendBuf::Owned(buf));
     }
 
     /// The header of the next frame out, with the credits it returns and a done report, encoded.
@@ -516,7 +516,7 @@ impl Link {
         h
     }
 
-    fn push_send(&mut self, frame: Bytes) {
+    fn push_send(&mut self, frame: SendBuf) {
         self.peer_credits -= 1;
         self.sends_in_flight += 1;
         self.stats.frames_sent += 1;

@@ -40,6 +40,7 @@ mod tests;
 pub use budget::SharedBudget;
 pub(crate) use client::Payload;
 pub use client::{CallFailure, ClientEvent, ClientProto, StartError};
+pub(crate) use config::MIN_EAGER_THRESHOLD;
 pub use config::{Hello, PeerLimits, ProtoConfig};
 pub use error::ProtoError;
 pub use header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN, MAGIC, VERSION};

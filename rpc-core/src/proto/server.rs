@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{Detail, MemPool, ReadError, RegionDesc, WrId};
+use rpc_transport::{Detail, MemPool, ReadError, Received, RegionDesc, WrId};
 
 use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
@@ -29,7 +29,7 @@ pub enum CancelReason {
 }
 
 /// Something the application must act on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum ServerEvent {
     /// Run a handler, then call [`ServerProto::respond`].
     Request {
@@ -37,8 +37,8 @@ pub enum ServerEvent {
         call_id: u64,
         /// Which method.
         method: MethodId,
-        /// The arguments' encoding.
-        payload: Bytes,
+        /// The arguments' encoding, as it lies in its receive buffer or READ destination.
+        payload: Received,
         /// The time the client allows, relative to when this event is delivered (for a
         /// rendezvous request, what is left after its payload was READ).
         timeout: Option<Duration>,
@@ -145,7 +145,8 @@ impl ServerProto {
 
     /// Handles one received frame at time `now`; an eager request's payload is a slice of
     /// `frame` (no copy). An error is fatal: close the connection.
-    pub fn handle_recv_bytes(&mut self, frame: Bytes, now: Instant) -> Result<(), ProtoError> {
+    pub fn handle_recv_bytes(&mut self, frame: impl Into<Received>, now: Instant) -> Result<(), ProtoError> {
+        let frame = frame.into();
         let header = Header::decode(&frame)?;
         self.link.on_frame_received(&header, now)?;
         if header.done != 0 {
@@ -163,15 +164,17 @@ impl ServerProto {
         }
     }
 
-    fn on_request(&mut self, header: &Header, body: Bytes, now: Instant) -> Result<(), ProtoError> {
+    fn on_request(&mut self, header: &Header, body: Received, now: Instant) -> Result<(), ProtoError> {
         let call_id = header.call_id;
         if self.calls.contains_key(&call_id) || self.link.rdv.busy(call_id) {
             return Err(ProtoError::DuplicateCall(call_id));
         }
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
         let (metadata, body) = if header.flags & FLAG_METADATA != 0 {
+            // Two parts with lives of their own: the frame is frozen (only with metadata).
+            let body = body.into_bytes();
             let (metadata, rest) = split_metadata(&body)?;
-            (body.slice_ref(metadata), body.slice_ref(rest))
+            (body.slice_ref(metadata), Received::from(body.slice_ref(rest)))
         } else {
             (Bytes::new(), body)
         };
@@ -262,7 +265,7 @@ impl ServerProto {
                 self.events.push_back(ServerEvent::Request {
                     call_id,
                     method: call.method,
-                    payload: data,
+                    payload: data.into(),
                     // What is left of it now that the payload is READ.
                     timeout: call
                         .deadline

@@ -10,15 +10,14 @@
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
 use slab::Slab;
 
 use crate::error::CallError;
 use crate::proto::CallInfo;
-use rpc_transport::Detail;
+use rpc_transport::{Detail, Received};
 
 /// What a call returns: the response and the paths it took, or why it failed.
-pub(crate) type CallResult = Result<(Bytes, CallInfo), CallError>;
+pub(crate) type CallResult = Result<(Received, CallInfo), CallError>;
 
 enum Slot {
     /// In progress; the waker of the task awaiting it, once it has polled.
@@ -175,7 +174,7 @@ mod tests {
     }
 
     fn ok(n: u8) -> CallResult {
-        Ok((Bytes::from(vec![n]), CallInfo::default()))
+        Ok((Received::from(vec![n]), CallInfo::default()))
     }
 
     #[test]

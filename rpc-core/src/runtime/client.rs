@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rpc_transport::{Address, Connection, Detail, MemPool, TransportError};
+use rpc_transport::{Address, Connection, Detail, MemPool, Received, TransportError};
 use tokio::sync::{mpsc, oneshot, Semaphore, TryAcquireError};
 use tracing::field::Empty;
 use tracing::Instrument;
@@ -178,7 +178,9 @@ impl Client {
         opts: &CallOptions,
     ) -> Result<(Bytes, CallInfo), CallError> {
         let name = MethodName::Id(method);
-        self.call_since(tokio::time::Instant::now(), method, name, Payload::Bytes(payload), opts).await
+        self.call_since(tokio::time::Instant::now(), method, name, Payload::Bytes(payload), opts)
+            .await
+            .map(|(response, info)| (response.into_bytes(), info))
     }
 
     /// Calls `method` (named `name` in spans, events and metrics), the deadline counting from
@@ -191,7 +193,7 @@ impl Client {
         name: MethodName,
         payload: Payload,
         opts: &CallOptions,
-    ) -> Result<(Bytes, CallInfo), CallError> {
+    ) -> Result<(Received, CallInfo), CallError> {
         // The span is not entered around the await (nothing logs inside it): its fields and the
         // end event carry the call's identity, at no cost when it is disabled.
         let span = tracing::debug_span!(

@@ -10,8 +10,8 @@ use bytes::Bytes;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rpc_transport::{
-    Buf, Completion, Connection, Detail, ReadError, RecvBuffer, RegionDesc, TransportCounters,
-    TransportError, WrId,
+    Buf, Completion, Connection, Detail, ReadError, Received, RecvBuffer, RegionDesc, SendBuf,
+    TransportCounters, TransportError, WrId,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
@@ -60,7 +60,7 @@ impl ConnStats {
 
 /// The inputs both state machines take from the transport.
 pub(crate) trait ProtoEnd {
-    fn handle_frame(&mut self, frame: Bytes, now: Instant) -> Result<(), ProtoError>;
+    fn handle_frame(&mut self, frame: Received, now: Instant) -> Result<(), ProtoError>;
     fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
     fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>);
     fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>);
@@ -75,7 +75,7 @@ pub(crate) trait ProtoEnd {
 macro_rules! impl_proto_end {
     ($ty:ty, |$p:ident, $frame:ident, $now:ident| $recv:expr) => {
         impl ProtoEnd for $ty {
-            fn handle_frame(&mut self, $frame: Bytes, $now: Instant) -> Result<(), ProtoError> {
+            fn handle_frame(&mut self, $frame: Received, $now: Instant) -> Result<(), ProtoError> {
                 let $p = self;
                 $recv
             }
@@ -210,7 +210,7 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
                 // buffer of the connection's pool takes its place in the receive queue (all of
                 // the batch's in one post, below) before the state machine can return the credit.
                 let size = buf.capacity();
-                let handled = proto.handle_frame(buf.into_bytes(), now);
+                let handled = proto.handle_frame(buf.into_received(), now);
                 reposts.push(RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)));
                 if let Err(e) = handled {
                     conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
@@ -237,7 +237,7 @@ pub(crate) struct Scratch {
     /// Receive buffers to post in place of those the batch's messages arrived in.
     reposts: Vec<RecvBuffer>,
     /// SENDs of one `post_ops`, posted together.
-    sends: Vec<(WrId, Bytes)>,
+    sends: Vec<(WrId, SendBuf)>,
     /// READ destinations being made (registered) on blocking threads, each with its READ.
     destinations: FuturesUnordered<JoinHandle<(WrId, RegionDesc, Buf)>>,
     /// The clock as of this wake-up (the driver resets it at each poll).

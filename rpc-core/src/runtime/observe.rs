@@ -143,7 +143,7 @@ pub(crate) fn client_call_done(
     method: MethodName,
     request_bytes: usize,
     elapsed: Duration,
-    result: &Result<(bytes::Bytes, CallInfo), CallError>,
+    result: &Result<(rpc_transport::Received, CallInfo), CallError>,
 ) {
     let duration_us = elapsed.as_micros() as u64;
     match result {

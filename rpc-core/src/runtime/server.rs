@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::{BoxFuture, CatchUnwind, Either};
 use futures::FutureExt;
-use rpc_transport::{Address, Connection, Listener, MemPool};
+use rpc_transport::{Address, Connection, Listener, MemPool, Received};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::futures::TaskLocalFuture;
 use tokio::task::{AbortHandle, JoinSet};
@@ -298,6 +298,7 @@ impl Acceptor {
             stats_slot: self.board.slot(),
             polls: 0,
             spare: None,
+            spare_ctx: None,
         };
         connections.spawn(driver.instrument(span));
     }
@@ -367,7 +368,7 @@ impl ResponseEstimates {
 struct Waiting {
     call_id: u64,
     method: MethodId,
-    payload: Bytes,
+    payload: Received,
     path: Path,
     metadata: Bytes,
     /// When the request arrived: its deadline and its duration count from here.
@@ -447,6 +448,9 @@ struct ServerDriver {
     polls: u64,
     /// The box of the last handler that finished inline, emptied, for the next one.
     spare: Option<Pin<Box<HandlerFuture>>>,
+    /// The context of the last handler that finished inline, for the next one (reused if the
+    /// handler kept no clone of it).
+    spare_ctx: Option<context::Context>,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -534,8 +538,19 @@ impl ServerDriver {
             call.span.record("trace_id", tracing::field::display(trace));
         }
         let deadline = timeout.and_then(|t| arrived.checked_add(t));
-        let ctx =
-            context::Context::new(call.name.name, method, call_id, self.peer.clone(), deadline, metadata);
+        let spare_ctx = self.spare_ctx.take();
+        let ctx = context::Context::reuse(
+            spare_ctx,
+            call.name.name,
+            method,
+            call_id,
+            self.peer.clone(),
+            deadline,
+            metadata,
+        );
+        // A second reference, to reuse the context for the next call if this one finishes
+        // inline (a spawned handler's may outlive the call in its task).
+        let keep_ctx = self.inline.then(|| ctx.clone());
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         let fut = call.span.in_scope(|| self.handler_future(method, payload, ctx));
@@ -555,6 +570,7 @@ impl ServerDriver {
                 // The box is kept for the next handler, without this one's context and pool.
                 fut.as_mut().set(spent_handler());
                 self.spare = Some(fut);
+                self.spare_ctx = keep_ctx;
                 drop(slot);
                 self.handlers_inline += 1;
                 // The handler ran here: its end is read from the clock afresh.
@@ -578,7 +594,7 @@ impl ServerDriver {
 
     /// The service's handler for one call, run with the call's context and the connection's
     /// pool, its panics answered as a `Handler` error (whether it runs here or in a task).
-    fn handler_future(&self, method: MethodId, payload: Bytes, ctx: context::Context) -> HandlerFuture {
+    fn handler_future(&self, method: MethodId, payload: Received, ctx: context::Context) -> HandlerFuture {
         // Building the future runs the service's code too (decoding the arguments).
         let call = std::panic::catch_unwind(AssertUnwindSafe(|| self.service.call(method, payload)));
         match call {

@@ -90,7 +90,7 @@ impl MemAttacker {
         frame.extend_from_slice(body);
         let wr = self.next_wr;
         self.next_wr += 1;
-        self.conn.post_send(wr, Bytes::from(frame))?;
+        self.conn.post_send(wr, Bytes::from(frame).into())?;
         self.frames_sent += 1;
         Ok(())
     }

@@ -85,7 +85,7 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
             fn call(
                 &self,
                 #method_var: #krate::MethodId,
-                #payload: #krate::__private::Bytes,
+                #payload: #krate::__private::Received,
             ) -> #krate::__private::BoxFuture<
                 'static,
                 ::core::result::Result<#krate::__private::Bytes, #krate::ServiceError>,

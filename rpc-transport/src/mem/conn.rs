@@ -9,7 +9,7 @@ use super::delay::DelayLine;
 use super::faults::{corrupt, FaultPlan, SendFault};
 use crate::soft::{Death, Soft, MAX_READ_SIZE};
 use crate::{
-    Buf, Completion, ConnInfo, Connection, Detail, MemPool, ReadError, RecvBuffer, RegionDesc,
+    Buf, Completion, ConnInfo, Connection, Detail, MemPool, ReadError, RecvBuffer, RegionDesc, SendBuf,
     TransportCounters, TransportError, WrId,
 };
 
@@ -85,7 +85,7 @@ impl Connection for MemConnection {
         self.local.post_recv(buf)
     }
 
-    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
         let max = self.info.peer_recv_size as usize;
         if msg.len() > max {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });

@@ -20,7 +20,7 @@
 //! let mut client = fabric.connect("echo", ConnParams::default()).await?;
 //! let mut server = listener.accept().await?;
 //!
-//! client.post_send(1, Bytes::from_static(b"ping"))?;
+//! client.post_send(1, Bytes::from_static(b"ping").into())?;
 //! let mut done = Vec::new();
 //! futures::future::poll_fn(|cx| server.poll_completions(cx, &mut done, 8)).await?;
 //! let Completion::Recv { buf } = done.remove(0) else { panic!("expected a message") };

@@ -21,7 +21,7 @@ use super::slab::Slab;
 use super::sys::{RecvWr, SendWr, WorkCompletion};
 use crate::{
     Buf, Completion, ConnInfo, Connection, KeyPolicy, MemPool, RKey, ReadError, RecvBuffer, RegionDesc,
-    TransportCounters, TransportError, WrId,
+    SendBuf, TransportCounters, TransportError, WrId,
 };
 
 /// A work request in flight; its slab key is the verbs `wr_id`.
@@ -32,20 +32,20 @@ pub(super) enum Op {
     Recv { buf: RecvBuffer, hello: bool },
     /// A posted, signaled SEND; `wr_id` is `None` for the hello. `seq`: its place on the send
     /// queue (see [`RdmaConnection::sq_posted`]).
-    Send { wr_id: Option<WrId>, buf: SendBuf, seq: u64 },
+    Send { wr_id: Option<WrId>, buf: SendSource, seq: u64 },
     /// One chunk of the READ with key `read` in the READ slab (always signaled).
     ReadChunk { read: u64, seq: u64 },
 }
 
 /// What a posted SEND's bytes went out from, kept until its completion.
 #[derive(Debug)]
-pub(super) enum SendBuf {
+pub(super) enum SendSource {
     /// Inline (copied by the provider at post time), or the hello's own buffer.
     None,
     /// A slot of the send slab pool.
     Slab(u32),
     /// Bytes of the connection's pool, sent as they are (kept alive until the completion).
-    Pooled { lkey: u32, bytes: Bytes },
+    Pooled { lkey: u32, bytes: SendBuf },
     /// A buffer registered for this SEND alone (larger than a send slab).
     Own(RegisteredBuf),
 }
@@ -59,7 +59,7 @@ pub(super) struct Batched {
     /// For an inline SEND, its bytes, kept alive until the post (which copies them); held, never
     /// read.
     #[allow(dead_code)]
-    pub(super) inline_bytes: Option<Bytes>,
+    pub(super) inline_bytes: Option<SendBuf>,
 }
 
 /// A READ, possibly split in several chunks.
@@ -116,7 +116,7 @@ pub struct RdmaConnection {
     /// A SEND larger than a send slab is in flight from its own registered buffer.
     pub(super) oversized_in_flight: bool,
     pub(super) hello_buf: RegisteredBuf,
-    pub(super) send_backlog: VecDeque<(WrId, Bytes)>,
+    pub(super) send_backlog: VecDeque<(WrId, SendBuf)>,
     pub(super) read_backlog: VecDeque<Chunk>,
     /// Work requests put on the send queue so far (including those in `sq_batch`); the n-th
     /// has `seq` n.
@@ -272,7 +272,7 @@ impl RdmaConnection {
     }
 
     /// Checks a SEND and queues it behind the others (posted by the next `pump`).
-    fn queue_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+    fn queue_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
         self.check_alive()?;
         let max = self.info.peer_recv_size as usize;
         if msg.len() > max {
@@ -312,13 +312,13 @@ impl Connection for RdmaConnection {
         Ok(())
     }
 
-    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
         self.queue_send(wr_id, msg)?;
         self.pump();
         Ok(())
     }
 
-    fn post_send_batch(&mut self, sends: &mut Vec<(WrId, Bytes)>) -> Result<(), TransportError> {
+    fn post_send_batch(&mut self, sends: &mut Vec<(WrId, SendBuf)>) -> Result<(), TransportError> {
         let mut result = Ok(());
         for (wr_id, msg) in sends.drain(..) {
             if result.is_ok() {

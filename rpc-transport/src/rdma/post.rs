@@ -21,12 +21,12 @@
 use bytes::Bytes;
 
 use super::buffers::{ReadDest, RegisteredBuf, SlotPool};
-use super::conn::{Batched, Chunk, Op, RdmaConnection, ReadOp, SendBuf};
+use super::conn::{Batched, Chunk, Op, RdmaConnection, ReadOp, SendSource};
 use super::error::verbs;
 use super::hello::HELLO_MAX;
 use super::slab::TAG_BIT;
 use super::sys::{self, PostError, RecvWr, SendOp, SendWr, Sge, POST_BATCH};
-use crate::{Buf, Completion, ReadError, RecvBuffer, RegionDesc, TransportError, WrId};
+use crate::{Buf, Completion, ReadError, RecvBuffer, RegionDesc, SendBuf, TransportError, WrId};
 
 impl RdmaConnection {
     /// Posts the hello receive and `recv_depth` receive buffers from the pool (before the peer
@@ -152,7 +152,7 @@ impl RdmaConnection {
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
         }
         let seq = self.next_seq();
-        let key = self.insert_signaled(Op::Send { wr_id: None, buf: SendBuf::None, seq });
+        let key = self.insert_signaled(Op::Send { wr_id: None, buf: SendSource::None, seq });
         let wr = SendWr { wr_id: key, op: SendOp::Send { inline: false }, signaled: true, sge: Some(sge) };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
         self.flush_sq();
@@ -238,22 +238,28 @@ impl RdmaConnection {
     /// size caps what we send but never sizes our memory); a message larger than that (up to the
     /// peer's receive size; the protocol never sends one) is copied into a buffer registered for
     /// that SEND alone, one such SEND in flight at a time.
-    fn try_post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<bool, TransportError> {
+    fn try_post_send(&mut self, wr_id: WrId, mut msg: SendBuf) -> Result<bool, TransportError> {
         let fail = |conn: &mut Self, e: TransportError| {
             conn.ready.push_back(Completion::Send { wr_id, result: Err(e.clone_for_completion()) });
             Err(e)
         };
-        let buf = if msg.len() <= self.limits.max_inline as usize {
-            SendBuf::None
+        let len = msg.len();
+        let buf = if len <= self.limits.max_inline as usize {
+            SendSource::None
         } else if let Some(keys) = self.pool.keys_of(&msg) {
-            SendBuf::Pooled { lkey: keys.lkey, bytes: msg.clone() }
+            // The operation keeps the message (moving it never moves its bytes) until the
+            // completion; `msg` is left empty and not read again.
+            SendSource::Pooled {
+                lkey: keys.lkey,
+                bytes: std::mem::replace(&mut msg, SendBuf::Shared(Bytes::new())),
+            }
         } else if msg.len() <= self.send_slab_size() {
             let slot = match self.send_slab() {
                 Ok(pool) => pool.alloc(),
                 Err(e) => return fail(self, e),
             };
             match slot {
-                Some(slot) => SendBuf::Slab(slot),
+                Some(slot) => SendSource::Slab(slot),
                 None => {
                     self.send_backlog.push_front((wr_id, msg));
                     return Ok(false);
@@ -268,26 +274,26 @@ impl RdmaConnection {
                     own.bytes_mut(0, msg.len()).copy_from_slice(&msg);
                     self.counters.mr_registrations += 1;
                     self.counters.bytes_outside_pool += msg.len() as u64;
-                    SendBuf::Own(own)
+                    SendSource::Own(own)
                 }
                 Err(e) => return fail(self, e),
             }
         };
         let source = match &buf {
-            SendBuf::None => None,
-            SendBuf::Slab(slot) => {
+            SendSource::None => None,
+            SendSource::Slab(slot) => {
                 let pool = self.send_pool.as_mut().expect("slot came from the pool");
                 pool.bytes_mut(*slot, msg.len()).copy_from_slice(&msg);
                 self.counters.bytes_outside_pool += msg.len() as u64;
                 Some((pool.lkey(), pool.addr(*slot)))
             }
-            SendBuf::Pooled { lkey, bytes } => Some((*lkey, bytes.as_ptr() as u64)),
-            SendBuf::Own(own) => Some((own.lkey(), own.addr(0))),
+            SendSource::Pooled { lkey, bytes } => Some((*lkey, bytes.as_ptr() as u64)),
+            SendSource::Own(own) => Some((own.lkey(), own.addr(0))),
         };
-        let oversized = matches!(buf, SendBuf::Own(_));
-        let inline = matches!(buf, SendBuf::None);
+        let oversized = matches!(buf, SendSource::Own(_));
+        let inline = matches!(buf, SendSource::None);
         let sge = match source {
-            Some((lkey, addr)) => Some(Sge { addr, len: msg.len() as u32, lkey }),
+            Some((lkey, addr)) => Some(Sge { addr, len: len as u32, lkey }),
             // Inline: the provider copies the bytes during the post (no key needed).
             None => {
                 (!msg.is_empty()).then(|| Sge { addr: msg.as_ptr() as u64, len: msg.len() as u32, lkey: 0 })
@@ -324,15 +330,15 @@ impl RdmaConnection {
     }
 
     /// Gives back what a finished (completed, failed or flushed) SEND sent from.
-    pub(super) fn release_send_buf(&mut self, buf: SendBuf) {
+    pub(super) fn release_send_buf(&mut self, buf: SendSource) {
         match buf {
-            SendBuf::None | SendBuf::Pooled { .. } => {}
-            SendBuf::Slab(slot) => {
+            SendSource::None | SendSource::Pooled { .. } => {}
+            SendSource::Slab(slot) => {
                 if let Some(pool) = self.send_pool.as_mut() {
                     pool.release(slot);
                 }
             }
-            SendBuf::Own(own) => {
+            SendSource::Own(own) => {
                 // Deregistered and freed here: the NIC is done with it (completion or flush, or
                 // the QP is destroyed).
                 drop(own);
@@ -402,11 +408,13 @@ impl RdmaConnection {
             let result = match self.qp.as_ref() {
                 // SAFETY: every SGE names memory registered in the QP's PD and kept alive past the
                 // request's completion (or flush, or the QP's destruction): a send slab slot, a
-                // SEND's own buffer or pool memory whose `Bytes` its `Op::Send` holds, the hello
+                // SEND's own buffer or pool memory whose `SendBuf` its `Op::Send` holds, the hello
                 // buffer (kept by the connection past the QP), or a READ destination owned by its
                 // `ReadOp` until every chunk came back; none is written (SEND) or touched (READ)
                 // by Rust code meanwhile. An inline SEND's bytes are only read during the call,
-                // and its `Batched` entry keeps them alive until after it.
+                // and its `Batched` entry keeps them alive until after it. (Moving a `SendBuf`
+                // into its `Op::Send` or `Batched` never moves its bytes: they are a pool block,
+                // a `Vec`'s heap memory or a `Bytes`' memory.)
                 Some(qp) => unsafe { sys::post_send(qp, self.sq_batch[..n].iter().map(|b| &b.wr)) },
                 None => Err(PostError { posted: 0, error: std::io::Error::other("queue pair destroyed") }),
             };

@@ -52,8 +52,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::soft::{validate_params, Death, Soft, MAX_READ_SIZE};
 use crate::{
-    Buf, Completion, ConnInfo, ConnParams, Connection, MemPool, RecvBuffer, RegionDesc, TransportCounters,
-    TransportError, WrId,
+    Buf, Completion, ConnInfo, ConnParams, Connection, MemPool, RecvBuffer, RegionDesc, SendBuf,
+    TransportCounters, TransportError, WrId,
 };
 use handshake::PeerHello;
 use outbox::{Direct, Outbox};
@@ -223,14 +223,14 @@ impl Connection for TcpConnection {
         self.soft.post_recv(buf)
     }
 
-    fn post_send(&mut self, wr_id: WrId, msg: Bytes) -> Result<(), TransportError> {
+    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
         let max = self.info.peer_recv_size as usize;
         if msg.len() > max {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
         }
         let op = self.soft.begin_send(wr_id)?;
         if self.direct_unpolled {
-            self.queue(Outgoing::Send { op, msg });
+            self.queue(Outgoing::Send { op, msg: msg.into_bytes() });
             return Ok(());
         }
         // The writer idle: written here, one system call, no task woken.

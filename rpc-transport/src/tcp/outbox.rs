@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use super::wire;
 use super::writer::Outgoing;
 use crate::soft::OpId;
+use crate::SendBuf;
 
 /// Payloads up to this size may be written by the caller at once; larger ones go to the writer.
 pub(crate) const DIRECT_MAX: usize = 64 * 1024;
@@ -69,13 +70,13 @@ impl Outbox {
     /// Writes the SEND frame of `msg` at once if the writer is idle and the socket takes it all
     /// without blocking; otherwise queues it for the writer (what is left of it after a partial
     /// write).
-    pub(crate) fn send_now(&self, op: OpId, msg: Bytes) -> Direct {
+    pub(crate) fn send_now(&self, op: OpId, msg: SendBuf) -> Direct {
         let mut busy = self.lock();
         let stream = match &self.inner.stream {
             Some(s) if !*busy && msg.len() <= DIRECT_MAX => s,
             _ => {
                 *busy = true;
-                let _ = self.inner.tx.send(Outgoing::Send { op, msg });
+                let _ = self.inner.tx.send(Outgoing::Send { op, msg: msg.into_bytes() });
                 return Direct::Queued;
             }
         };
@@ -87,6 +88,8 @@ impl Outbox {
             return Direct::Written;
         }
         *busy = true;
+        // Left for the writer: frozen (it may outlive this call in the writer's queue).
+        let msg = msg.into_bytes();
         let frame = if written == 0 {
             Outgoing::Send { op, msg }
         } else if written < header.len() {

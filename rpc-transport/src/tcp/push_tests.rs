@@ -221,10 +221,10 @@ async fn a_listeners_connections_share_one_push_pool() {
 
     // Each client pushes 80 bytes, then a SEND: once the server has the SEND, it has the push.
     let da = a.register(pattern(80, 1)).unwrap();
-    a.post_send(1, Bytes::from_static(b"a")).unwrap();
+    a.post_send(1, Bytes::from_static(b"a").into()).unwrap();
     assert_eq!(recv_boxed(&mut *sa).await, b"a");
     let db = b.register(pattern(80, 2)).unwrap();
-    b.post_send(1, Bytes::from_static(b"b")).unwrap();
+    b.post_send(1, Bytes::from_static(b"b").into()).unwrap();
     assert_eq!(recv_boxed(&mut *sb).await, b"b");
     assert_eq!((a.counters().regions_pushed, b.counters().regions_pushed), (1, 1));
 

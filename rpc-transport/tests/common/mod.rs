@@ -111,7 +111,7 @@ pub async fn read_done(conn: &mut dyn Connection) -> (u64, Result<Vec<u8>, ReadE
 
 /// Sends `msg` and checks that it completes successfully.
 pub async fn send_ok(conn: &mut dyn Connection, wr_id: u64, msg: &[u8]) {
-    conn.post_send(wr_id, Bytes::copy_from_slice(msg)).expect("post_send");
+    conn.post_send(wr_id, Bytes::copy_from_slice(msg).into()).expect("post_send");
     let (id, result) = send_done(conn).await;
     assert_eq!(id, wr_id);
     result.expect("send completion");

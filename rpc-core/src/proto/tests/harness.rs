@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{RKey, ReadError, RegionDesc};
+use rpc_transport::{RKey, ReadError, Received, RegionDesc};
 
 use crate::proto::*;
 
@@ -100,7 +100,7 @@ impl Pair {
             moved = true;
             match op {
                 Op::Send { wr_id, frame } => {
-                    deliver(&mut self.s, frame);
+                    deliver(&mut self.s, frame.into_bytes());
                     self.client.handle_send_complete(wr_id, Ok(())).expect("send completion");
                 }
                 Op::Register { call_id, data } => {
@@ -115,7 +115,7 @@ impl Pair {
             moved = true;
             match op {
                 Op::Send { wr_id, frame } => {
-                    deliver(&mut self.c, frame);
+                    deliver(&mut self.c, frame.into_bytes());
                     self.server.handle_send_complete(wr_id, Ok(())).expect("send completion");
                 }
                 Op::Register { call_id, data } => {
@@ -180,13 +180,14 @@ impl Pair {
     /// Takes the requests the server has been given so far: `(call_id, payload, path)`.
     pub fn take_requests(&mut self) -> Vec<(u64, Bytes, Path)> {
         let mut out = Vec::new();
-        self.server_events.retain(|e| match e {
-            ServerEvent::Request { call_id, payload, path, .. } => {
-                out.push((*call_id, payload.clone(), *path));
-                false
+        for e in std::mem::take(&mut self.server_events) {
+            match e {
+                ServerEvent::Request { call_id, payload, path, .. } => {
+                    out.push((call_id, payload.into_bytes(), path))
+                }
+                other => self.server_events.push(other),
             }
-            _ => true,
-        });
+        }
         out
     }
 
@@ -197,7 +198,9 @@ impl Pair {
         }
         self.client_events
             .drain(..)
-            .map(|ClientEvent::Completed { call_id, result, info }| (call_id, result, info))
+            .map(|ClientEvent::Completed { call_id, result, info }| {
+                (call_id, result.map(Received::into_bytes), info)
+            })
             .collect()
     }
 }

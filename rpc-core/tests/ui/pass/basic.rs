@@ -77,23 +77,23 @@ fn main() {
 
     // Requests are dispatched by id: arguments decoded as a tuple, the result encoded.
     let put =
-        block_on(server.call(KvClient::PUT, encode(&("b".to_string(), vec![2u8, 3])).unwrap())).unwrap();
+        block_on(server.call(KvClient::PUT, encode(&("b".to_string(), vec![2u8, 3])).unwrap().into())).unwrap();
     assert_eq!(decode::<u64>(&put).unwrap(), 2);
-    let get = block_on(server.call(KvClient::GET, encode(&("b".to_string(),)).unwrap())).unwrap();
+    let get = block_on(server.call(KvClient::GET, encode(&("b".to_string(),)).unwrap().into())).unwrap();
     assert_eq!(decode::<Option<Vec<u8>>>(&get).unwrap(), Some(vec![2, 3]));
-    let missing = block_on(server.call(KvClient::GET, encode(&("zz".to_string(),)).unwrap())).unwrap();
+    let missing = block_on(server.call(KvClient::GET, encode(&("zz".to_string(),)).unwrap().into())).unwrap();
     assert_eq!(decode::<Option<Vec<u8>>>(&missing).unwrap(), None);
-    let ping = block_on(server.call(KvClient::PING, encode(&()).unwrap())).unwrap();
+    let ping = block_on(server.call(KvClient::PING, encode(&()).unwrap().into())).unwrap();
     decode::<()>(&ping).unwrap();
-    block_on(server.call(KvClient::PING, encode(&()).unwrap())).unwrap();
+    block_on(server.call(KvClient::PING, encode(&()).unwrap().into())).unwrap();
     assert_eq!(kv.pings.load(Ordering::Relaxed), 3, "the server ran the implementation's `ping`");
 
     // A payload that isn't the method's arguments is refused without running the method.
-    assert!(block_on(server.call(KvClient::PUT, encode(&(1u8,)).unwrap())).is_err());
+    assert!(block_on(server.call(KvClient::PUT, encode(&(1u8,)).unwrap().into())).is_err());
     assert_eq!(kv.entries.lock().unwrap().len(), 2);
     // So is an id that is no method of the service.
     let unknown = KvClient::GET ^ KvClient::PUT ^ KvClient::PING;
-    assert!(block_on(server.call(unknown, encode(&()).unwrap())).is_err());
+    assert!(block_on(server.call(unknown, encode(&()).unwrap().into())).is_err());
 
     // Clone and Debug don't require anything of the implementation.
     let copy = KvServer::new(MemKv::default()).clone();

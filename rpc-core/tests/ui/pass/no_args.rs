@@ -37,5 +37,5 @@ fn main() {
     let nothing = NothingServer::new(Empty);
     assert_eq!(nothing.name(), "Nothing");
     assert!(nothing.methods().is_empty());
-    assert!(block_on(nothing.call(ClockClient::NOW, rpc_core::__private::Bytes::new())).is_err());
+    assert!(block_on(nothing.call(ClockClient::NOW, rpc_core::__private::Received::new())).is_err());
 }

@@ -42,7 +42,7 @@ fn main() {
     assert_eq!(server.methods()[0].name, "type");
     // The dispatcher's own locals don't capture the user's `inner`/`payload`/`method` arguments.
     let args = rpc_core::codec::encode(&(S(10), 1u8, 2u16, 3u32, 4u64)).unwrap();
-    let reply = block_on(server.call(NamesClient::TYPE, args)).unwrap();
+    let reply = block_on(server.call(NamesClient::TYPE, args.into())).unwrap();
     assert_eq!(rpc_core::codec::decode::<S>(&reply).unwrap(), S(20));
 
     fn local_service() -> &'static str {
