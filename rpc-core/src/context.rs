@@ -274,20 +274,9 @@ impl fmt::Debug for Context {
 }
 
 impl Context {
-    pub(crate) fn new(
-        method: &'static str,
-        method_id: MethodId,
-        call_id: u64,
-        peer: Arc<str>,
-        deadline: Option<tokio::time::Instant>,
-        metadata: Metadata,
-    ) -> Context {
-        Context { inner: Arc::new(Inner { method, method_id, call_id, peer, deadline, metadata }) }
-    }
-
-    /// [`Context::new`], in the memory of `spare` (the context of an earlier call) if nothing
-    /// else holds it any more: no allocation.
-    pub(crate) fn reuse(
+    /// A call's context, in the memory of `spare` (the context of an earlier call) if nothing
+    /// else holds it any more (no allocation); else a new one.
+    pub(crate) fn new_in(
         spare: Option<Context>,
         method: &'static str,
         method_id: MethodId,
@@ -302,7 +291,7 @@ impl Context {
                 return ctx;
             }
         }
-        Context::new(method, method_id, call_id, peer, deadline, metadata)
+        Context { inner: Arc::new(Inner { method, method_id, call_id, peer, deadline, metadata }) }
     }
 
     /// The method, as `"Service.method"` (`"unknown"` for an id the server does not have).
@@ -369,7 +358,7 @@ pub fn current() -> Option<Context> {
 /// The current call's context, for handlers that take `ctx: rpc_core::Context` (a detached one,
 /// with no deadline or metadata, when the service is called outside a server).
 pub fn current_or_detached() -> Context {
-    current().unwrap_or_else(|| Context::new("detached", 0, 0, Arc::from(""), None, Metadata::new()))
+    current().unwrap_or_else(|| Context::new_in(None, "detached", 0, 0, Arc::from(""), None, Metadata::new()))
 }
 
 /// A fresh trace id: 16 hex digits, unique enough to tell traces apart: a per-process seed (the
@@ -398,17 +387,17 @@ mod tests {
     #[test]
     fn a_context_nothing_else_holds_is_reused_in_place() {
         let peer: Arc<str> = Arc::from("peer");
-        let first = Context::new("S.a", 1, 1, peer.clone(), None, Metadata::new());
+        let first = Context::new_in(None, "S.a", 1, 1, peer.clone(), None, Metadata::new());
         let at = Arc::as_ptr(&first.inner);
         let md = Metadata::new().with("k", "v").unwrap();
-        let second = Context::reuse(Some(first), "S.b", 2, 2, peer.clone(), None, md);
+        let second = Context::new_in(Some(first), "S.b", 2, 2, peer.clone(), None, md);
         assert_eq!(Arc::as_ptr(&second.inner), at, "the same memory");
         assert_eq!((second.method(), second.method_id(), second.call_id()), ("S.b", 2, 2));
         assert_eq!(second.metadata().get("k"), Some("v"));
         // A clone kept elsewhere (a handler that spawned work with it): a new one, the kept one
         // unchanged.
         let kept = second.clone();
-        let third = Context::reuse(Some(second), "S.c", 3, 3, peer, None, Metadata::new());
+        let third = Context::new_in(Some(second), "S.c", 3, 3, peer, None, Metadata::new());
         assert_ne!(Arc::as_ptr(&third.inner), at);
         assert_eq!((kept.call_id(), third.call_id()), (2, 3));
     }

@@ -539,7 +539,7 @@ impl ServerDriver {
         }
         let deadline = timeout.and_then(|t| arrived.checked_add(t));
         let spare_ctx = self.spare_ctx.take();
-        let ctx = context::Context::reuse(
+        let ctx = context::Context::new_in(
             spare_ctx,
             call.name.name,
             method,
