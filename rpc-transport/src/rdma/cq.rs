@@ -3,7 +3,10 @@
 //! One basic CQ per connection with its own completion channel, whose fd is non-blocking and
 //! registered with tokio ([`AsyncFd`]). [`CqPoller::poll`] does, in order:
 //!
-//! 1. poll the CQ (at most `budget` completions: bounded work per wake-up);
+//! 1. poll the CQ (at most `budget` completions: bounded work per wake-up), unless it is armed
+//!    and was found empty since the arming: then any completion since raised an event, and
+//!    looking would find nothing (a poll of an empty CQ is not free: a lock and a call into
+//!    the provider, several times per call when every round of the driver looked);
 //! 2. if that found nothing and the busy-poll window ([`RdmaConfig::busy_poll`]) is open, wake our
 //!    own task and return `Pending`: the runtime runs every other ready task (the caller, the
 //!    handler: whose work ends the wait) and polls us again at once. The window opens at the
@@ -14,7 +17,10 @@
 //!    landed between the empty poll and the arming raises no event);
 //! 4. wait for the channel fd: on readiness take the event (`ibv_get_cq_event`; an armed CQ raises
 //!    one, and the channel is this CQ's alone), acknowledge events in batches
-//!    (`ibv_ack_cq_events`), and go back to 1 (the CQ is disarmed again).
+//!    (`ibv_ack_cq_events`), and go back to 1. Without busy-polling the CQ is armed again
+//!    first (after the fd's readiness was cleared, so that an event this arming raises is never
+//!    cleared unseen), as verbs' own event loop does: one look then takes what the event
+//!    announced. With busy-polling it stays disarmed while the window spins.
 //!
 //! No timer papers over a missed wake-up: the arm-then-poll order makes one impossible. All taken
 //! events are acknowledged before the CQ can be destroyed (in `Drop`), as `ibv_destroy_cq` would
@@ -47,6 +53,10 @@ pub(crate) struct CqPoller {
     cq: Arc<BasicCompletionQueue>,
     channel: AsyncFd<Arc<CompletionChannel>>,
     armed: bool,
+    /// The CQ may hold completions that no event will announce (it was not armed when they
+    /// landed, or the last look stopped at its budget): look before waiting on the channel.
+    /// False only while armed and found empty since the arming.
+    must_drain: bool,
     unacked: u32,
     wcs: Vec<WorkCompletion>,
     busy_poll: Duration,
@@ -81,6 +91,7 @@ impl CqPoller {
             cq,
             channel,
             armed: false,
+            must_drain: true,
             unacked: 0,
             wcs: vec![sys::empty_wc(); POLL_BATCH],
             busy_poll: cfg.busy_poll,
@@ -105,21 +116,27 @@ impl CqPoller {
     ) -> Poll<io::Result<usize>> {
         let budget = budget.max(1);
         loop {
-            let n = self.drain(budget, &mut on_wc)?;
-            if n > 0 {
-                // Completions keep coming: the next empty poll opens a new window.
-                self.spin_since = None;
-                self.window_spent = false;
-                return Poll::Ready(Ok(n));
-            }
-            if self.spinning() {
-                self.spins += 1;
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+            if self.must_drain {
+                let n = self.drain(budget, &mut on_wc)?;
+                if n < budget && self.armed {
+                    // Empty at the end of this look, and armed since before it: whatever lands
+                    // next raises an event.
+                    self.must_drain = false;
+                }
+                if n > 0 {
+                    // Completions keep coming: the next empty poll opens a new window.
+                    self.spin_since = None;
+                    self.window_spent = false;
+                    return Poll::Ready(Ok(n));
+                }
             }
             if !self.armed {
-                sys::req_notify_cq(&self.cq)?;
-                self.armed = true;
+                if self.spinning() {
+                    self.spins += 1;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                self.arm()?;
                 continue; // poll once more: closes the poll/arm race
             }
             match self.channel.poll_read_ready(cx) {
@@ -129,17 +146,34 @@ impl CqPoller {
                     // The channel serves this CQ alone, and an armed CQ raises one event: after
                     // taking it the channel holds no other until we arm again, so readiness is
                     // cleared without a second read to see EAGAIN (a system call per wake-up).
-                    if sys::get_cq_event(guard.get_inner())? {
+                    let event = sys::get_cq_event(guard.get_inner())?;
+                    guard.clear_ready();
+                    if event {
                         self.unacked += 1;
                         self.armed = false;
-                    }
-                    guard.clear_ready();
-                    if self.unacked >= ACK_BATCH {
-                        self.ack_events();
+                        self.must_drain = true;
+                        if self.unacked >= ACK_BATCH {
+                            self.ack_events();
+                        }
+                        if self.busy_poll.is_zero() {
+                            // Arm before looking, as verbs' own event loop does: one look then
+                            // takes what the event announced and anything before the arming.
+                            // (Armed only after readiness was cleared: an event raised by this
+                            // arming is never cleared unseen.)
+                            self.arm()?;
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// Requests an event for the next completion; the CQ must then be looked at once more.
+    fn arm(&mut self) -> io::Result<()> {
+        sys::req_notify_cq(&self.cq)?;
+        self.armed = true;
+        self.must_drain = true;
+        Ok(())
     }
 
     /// Polls the CQ until it is empty or `budget` completions were handled.
