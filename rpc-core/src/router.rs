@@ -33,6 +33,7 @@ use futures::future::BoxFuture;
 use rpc_transport::Received;
 
 use crate::error::ServiceError;
+use crate::future_slot::{FutureSlot, ServiceFuture};
 use crate::proto::MethodId;
 use crate::service::{unknown_method, MethodDesc, Service};
 
@@ -112,7 +113,14 @@ impl Service for Router {
     fn call(&self, method: MethodId, payload: Received) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
         match self.route(method) {
             Some(i) => self.services[i].call(method, payload),
-            None => unknown_method("router", method),
+            None => unknown_method("router", method, crate::service::Boxed),
+        }
+    }
+
+    fn call_in(&self, method: MethodId, payload: Received, slot: FutureSlot<'_>) -> ServiceFuture {
+        match self.route(method) {
+            Some(i) => self.services[i].call_in(method, payload, slot),
+            None => unknown_method("router", method, slot),
         }
     }
 }

@@ -5,12 +5,12 @@ use std::future::Future;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use rpc_transport::Received;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{CallError, Detail, ServiceError};
+use crate::future_slot::{FutureSlot, ServiceFuture};
 use crate::proto::MethodId;
 use crate::runtime::observe::{ClientMethod, MethodName};
 use crate::runtime::{CallOptions, Client};
@@ -36,6 +36,54 @@ pub trait Service: Send + Sync + 'static {
     /// The payload is the request as it lies in its receive buffer (or READ destination):
     /// decoding it with [`serve`] freezes it only if the arguments keep a slice of it.
     fn call(&self, method: MethodId, payload: Received) -> BoxFuture<'static, Result<Bytes, ServiceError>>;
+
+    /// Runs one request like [`Service::call`], its future put in `slot`: a box the
+    /// connection lends, reused from call to call when the future has the size and alignment of
+    /// an earlier one. The server calls this method. By default it puts there the future
+    /// `call` boxed (one allocation per call, `call`'s). `#[service]` implements it without a
+    /// box of its own, so a call whose arguments and result hold no `Bytes` allocates nothing on
+    /// the server; a hand-written service (or a wrapper of one, like [`Router`](crate::Router))
+    /// does the same with [`FutureSlot::put`].
+    fn call_in(&self, method: MethodId, payload: Received, slot: FutureSlot<'_>) -> ServiceFuture {
+        slot.put(self.call(method, payload))
+    }
+}
+
+/// Where a generated dispatcher puts a handler's future: a box of its own ([`Boxed`], for
+/// [`Service::call`]) or the box the server lends ([`FutureSlot`], for [`Service::call_in`]).
+pub trait Place {
+    /// The placed future.
+    type Placed;
+    /// Places `future`.
+    fn place<F>(self, future: F) -> Self::Placed
+    where
+        F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static;
+}
+
+/// A box of the future's own.
+#[derive(Debug, Clone, Copy)]
+pub struct Boxed;
+
+impl Place for Boxed {
+    type Placed = BoxFuture<'static, Result<Bytes, ServiceError>>;
+
+    fn place<F>(self, future: F) -> Self::Placed
+    where
+        F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,
+    {
+        Box::pin(future)
+    }
+}
+
+impl Place for FutureSlot<'_> {
+    type Placed = ServiceFuture;
+
+    fn place<F>(self, future: F) -> Self::Placed
+    where
+        F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,
+    {
+        self.put(future)
+    }
 }
 
 /// The stable id of a method: FNV-1a (32 bit) of its signature as `#[service]` writes it,
@@ -115,13 +163,15 @@ fn explain(e: CallError, name: &ClientMethod) -> CallError {
     }
 }
 
-/// Server side of a generated method: decodes `Args`, runs `f`, encodes its output.
-pub fn serve<Args, Resp, F, Fut>(payload: Received, f: F) -> BoxFuture<'static, Result<Bytes, ServiceError>>
+/// Server side of a generated method: decodes `Args`, runs `f`, encodes its output; the
+/// future is put where `place` says.
+pub fn serve<Args, Resp, F, Fut, P>(payload: Received, place: P, f: F) -> P::Placed
 where
     Args: DeserializeOwned + Send + 'static,
     Resp: Serialize,
     F: FnOnce(Args) -> Fut + Send + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
+    P: Place,
 {
     // `Bytes` arguments (decoded as `SharedBytes` by the generated code) are slices of the
     // payload: no copy. Arguments without any leave the receive buffer unfrozen.
@@ -129,7 +179,7 @@ where
     let (args, sliced) = match decoded {
         Ok(a) => a,
         Err(e) => {
-            return futures::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))).boxed()
+            return place.place(std::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))))
         }
     };
     // Arguments that hold slices of the payload keep it alive anyway: the payload is kept too
@@ -137,23 +187,19 @@ where
     // is that slice of the payload, not a copy. Otherwise the payload goes now (its buffer back
     // to the pool).
     let source = sliced.then(|| payload.into_bytes());
-    async move {
+    place.place(async move {
         let resp = f(args).await;
         let encoded = match &source {
             Some(source) => crate::codec::encode_reusing(&resp, source),
             None => crate::codec::encode(&resp),
         };
         encoded.map_err(|e| ServiceError::Handler(Detail::caused_by("encoding the response", e)))
-    }
-    .boxed()
+    })
 }
 
 /// Server side, for a method id the service does not have.
-pub fn unknown_method(
-    service: &'static str,
-    method: MethodId,
-) -> BoxFuture<'static, Result<Bytes, ServiceError>> {
-    futures::future::ready(Err(ServiceError::UnknownMethod { service, method })).boxed()
+pub fn unknown_method<P: Place>(service: &'static str, method: MethodId, place: P) -> P::Placed {
+    place.place(std::future::ready(Err(ServiceError::UnknownMethod { service, method })))
 }
 
 #[cfg(test)]
@@ -168,16 +214,22 @@ mod tests {
     #[test]
     fn an_echo_answers_with_its_request_payload_and_other_handlers_encode() {
         let payload = encode(&(Bytes::from(vec![7u8; 20_000]),)).unwrap();
-        let echoed = run(serve(payload.clone().into(), |(b,): (SharedBytes,)| async move { b.0 })).unwrap();
+        let echoed =
+            run(serve(payload.clone().into(), Boxed, |(b,): (SharedBytes,)| async move { b.0 })).unwrap();
         assert_eq!(echoed, payload);
         assert_eq!(echoed.as_ptr(), payload.as_ptr(), "the request payload itself, not a copy");
         // A handler that answers something else gets its own encoding.
         let half =
-            run(serve(payload.clone().into(), |(b,): (SharedBytes,)| async move { b.0.slice(..10_000) }))
-                .unwrap();
-        assert_eq!(half, encode(&Bytes::from(vec![7u8; 10_000])).unwrap());
-        let len = run(serve(payload.clone().into(), |(b,): (SharedBytes,)| async move { b.0.len() as u64 }))
+            run(serve(
+                payload.clone().into(),
+                Boxed,
+                |(b,): (SharedBytes,)| async move { b.0.slice(..10_000) },
+            ))
             .unwrap();
+        assert_eq!(half, encode(&Bytes::from(vec![7u8; 10_000])).unwrap());
+        let len =
+            run(serve(payload.clone().into(), Boxed, |(b,): (SharedBytes,)| async move { b.0.len() as u64 }))
+                .unwrap();
         assert_eq!(len, encode(&20_000u64).unwrap());
     }
 }

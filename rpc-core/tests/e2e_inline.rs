@@ -1,6 +1,8 @@
 //! Handlers that finish in their first poll are answered from the connection's driver (no task
 //! spawned); handlers that wait move to a task of their own; a panic either way is answered as a
-//! `Handler` error and the connection carries on (`ServerConfig::inline_handlers`).
+//! `Handler` error and the connection carries on (`ServerConfig::inline_handlers`). A handler's
+//! future goes in a box of its connection's, reused by the next future of its layout
+//! (`ConnStats::handler_boxes`).
 
 mod common;
 
@@ -19,6 +21,9 @@ pub trait Probe {
     async fn boom(&self, after_waiting: bool) -> u64;
     /// The method name and call id the handler's context holds.
     async fn whoami(&self) -> (String, u64);
+    /// Answers at once like `quick`, its future larger than `quick`'s (it holds an array
+    /// across an await).
+    async fn padded(&self, x: u64) -> u64;
 }
 
 struct ProbeImpl;
@@ -41,6 +46,11 @@ impl Probe for ProbeImpl {
     async fn whoami(&self) -> (String, u64) {
         let ctx = rpc_core::context::current().expect("the call's context is set in the first poll");
         (ctx.method().to_string(), ctx.call_id())
+    }
+    async fn padded(&self, x: u64) -> u64 {
+        let pad = [x; 64];
+        std::future::ready(()).await;
+        pad.iter().fold(0u64, |a, b| a.wrapping_add(*b)) / 64 + 1
     }
 }
 
@@ -133,5 +143,88 @@ over_all_transports! {
         let stats = stats_after(&s.server, 7).await;
         assert_eq!((stats.handlers_inline, stats.handlers_spawned), (0, 7), "{stats:?}");
         s.server.shutdown().await;
+    }
+
+    async fn calls_of_one_method_reuse_one_handler_box(kind: Kind) {
+        let s = setup(kind, true).await;
+        for x in 0..50 {
+            assert_eq!(s.client.quick(x).await.unwrap(), x + 1);
+        }
+        let stats = stats_after(&s.server, 50).await;
+        assert_eq!((stats.handlers_inline, stats.handler_boxes), (50, 1), "{stats:?}");
+        s.server.shutdown().await;
+    }
+
+    async fn two_methods_of_different_layouts_alternating_reuse_a_box_each(kind: Kind) {
+        let s = setup(kind, true).await;
+        for x in 0..20 {
+            assert_eq!(s.client.quick(x).await.unwrap(), x + 1);
+            assert_eq!(s.client.padded(x).await.unwrap(), x + 1);
+        }
+        let stats = stats_after(&s.server, 40).await;
+        assert_eq!((stats.handlers_inline, stats.handler_boxes), (40, 2), "{stats:?}");
+        s.server.shutdown().await;
+    }
+
+    async fn a_spawned_handler_sends_its_box_back_for_the_next_call(kind: Kind) {
+        for inline in [true, false] {
+            let s = setup(kind, inline).await;
+            for _ in 0..5 {
+                assert_eq!(s.client.waits(1).await.unwrap(), 1);
+            }
+            let stats = stats_after(&s.server, 5).await;
+            assert_eq!((stats.handlers_spawned, stats.handler_boxes), (5, 1), "inline {inline}: {stats:?}");
+            s.server.shutdown().await;
+        }
+    }
+
+    async fn a_hand_written_service_with_only_call_is_served(kind: Kind) {
+        let config = ServerConfig::default().proto(common::proto());
+        let server = Server::bind(&kind.bind_addr(), config, Doubler).await.expect("bind");
+        let client = Client::connect(&server.local_addr().to_string(), ClientConfig::default().proto(common::proto()))
+            .await
+            .expect("connect");
+        for x in 0..5u64 {
+            let payload = rpc_core::codec::encode(&(x,)).unwrap();
+            let answer = client.call(DOUBLE, payload, &Default::default()).await.unwrap();
+            assert_eq!(rpc_core::codec::decode::<u64>(&answer).unwrap(), 2 * x);
+        }
+        let stats = stats_after(&server, 5).await;
+        assert_eq!(stats.handler_boxes, 1, "the default `call_in` reuses its box too: {stats:?}");
+        server.shutdown().await;
+    }
+}
+
+/// A service written by hand, with `call` only: the server runs it through the default
+/// `call_in` (its boxed future put in the box the server lends).
+struct Doubler;
+
+const DOUBLE: rpc_core::MethodId = rpc_core::__private::method_id("Doubler.double(x:u64)->u64");
+
+impl rpc_core::Service for Doubler {
+    fn name(&self) -> &'static str {
+        "Doubler"
+    }
+
+    fn methods(&self) -> &[rpc_core::MethodDesc] {
+        const METHODS: &[rpc_core::MethodDesc] =
+            &[rpc_core::MethodDesc { name: "double", full_name: "Doubler.double", id: DOUBLE }];
+        METHODS
+    }
+
+    fn call(
+        &self,
+        method: rpc_core::MethodId,
+        payload: rpc_core::Received,
+    ) -> futures::future::BoxFuture<'static, Result<bytes::Bytes, rpc_core::ServiceError>> {
+        Box::pin(async move {
+            if method != DOUBLE {
+                return Err(rpc_core::ServiceError::UnknownMethod { service: "Doubler", method });
+            }
+            let (x,): (u64,) = rpc_core::codec::decode(&payload.into_bytes())
+                .map_err(|e| rpc_core::ServiceError::BadRequest(rpc_core::Detail::from_error(e)))?;
+            rpc_core::codec::encode(&(2 * x))
+                .map_err(|e| rpc_core::ServiceError::Handler(rpc_core::Detail::from_error(e)))
+        })
     }
 }

@@ -50,7 +50,9 @@ use proc_macro::TokenStream;
 ///   collide are a compile error.
 /// - **`KvServer<S>`** (same visibility, `Clone + Debug` for any `S`): `KvServer::new(impl)` or
 ///   `KvServer::from_arc(arc)`, and `impl<S: Kv> rpc_core::Service for KvServer<S>` that dispatches on
-///   the method id and answers unknown ids with `rpc_core::__private::unknown_method`.
+///   the method id and answers unknown ids with `rpc_core::__private::unknown_method`. One private
+///   dispatcher, generic over where the handler's future goes, serves both `Service::call` (a box of
+///   its own) and `Service::call_in` (the box the server lends: no allocation per call).
 ///   `Service::methods` lists `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET }`, ..
 ///   Handlers read their call's context (peer, deadline, metadata) with `rpc_core::context::current()`.
 ///

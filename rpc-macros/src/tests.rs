@@ -54,7 +54,11 @@ fn expansion_emits_trait_client_server_and_ids() {
         "impl < S : Kv > :: rpc_core :: Service for KvServer < S >",
         "move | (key ,) : (String ,) | async move",
         "< S as Kv > :: get (& * inner , key) . await",
-        "_ => { :: rpc_core :: __private :: unknown_method (\"Kv\" , method) }",
+        "_ => { :: rpc_core :: __private :: unknown_method (\"Kv\" , method , place) }",
+        "fn __dispatch < P : :: rpc_core :: __private :: Place > (& self , method : :: rpc_core :: MethodId , payload : :: rpc_core :: __private :: Received , place : P ,) -> < P as :: rpc_core :: __private :: Place > :: Placed",
+        ":: rpc_core :: __private :: serve (payload , place , move | (key ,) : (String ,) | async move",
+        "self . __dispatch (method , payload , :: rpc_core :: __private :: Boxed)",
+        "fn call_in (& self , method : :: rpc_core :: MethodId , payload : :: rpc_core :: __private :: Received , slot : :: rpc_core :: FutureSlot < '_ > ,) -> :: rpc_core :: ServiceFuture { self . __dispatch (method , payload , slot) }",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }
@@ -100,6 +104,20 @@ fn server_type_param_avoids_names_the_signatures_use() {
     );
     assert!(out.contains("struct KvServer < S__ >"), "{out}");
     assert!(out.contains("< S__ as Kv > :: get"), "{out}");
+}
+
+#[test]
+fn dispatcher_type_param_avoids_names_the_signatures_use() {
+    let out = expand_ok(
+        quote!(),
+        quote!(
+            trait Kv {
+                async fn get(&self, p: P) -> Vec<P_>;
+            }
+        ),
+    );
+    assert!(out.contains("fn __dispatch < P__ : :: rpc_core :: __private :: Place >"), "{out}");
+    assert!(out.contains("move | (p ,) : (P ,) |"), "{out}");
 }
 
 #[test]

@@ -505,6 +505,7 @@ impl ClientDriver {
                     driver_polls: self.polls,
                     handlers_inline: 0,
                     handlers_spawned: 0,
+                    handler_boxes: 0,
                 });
             }
         }

@@ -42,6 +42,13 @@ pub struct ConnStats {
     /// Handler tasks the connection's driver spawned (they waited in their first poll, or
     /// `inline_handlers` is off). A server's; 0 on a client.
     pub handlers_spawned: u64,
+    /// Boxes the connection allocated for its handlers' futures (a server's; 0 on a client):
+    /// a handler's future goes in the box of an earlier one that finished if one has its
+    /// layout (see [`Service::call_in`](crate::Service::call_in)), so this grows with the
+    /// layouts of the service's futures and the handlers that run at once, not with calls.
+    /// Boxes a service's own `call` makes (a hand-written service without `call_in`) are not
+    /// counted.
+    pub handler_boxes: u64,
 }
 
 impl ConnStats {
@@ -54,6 +61,7 @@ impl ConnStats {
             driver_polls: self.driver_polls + other.driver_polls,
             handlers_inline: self.handlers_inline + other.handlers_inline,
             handlers_spawned: self.handlers_spawned + other.handlers_spawned,
+            handler_boxes: self.handler_boxes + other.handler_boxes,
         }
     }
 }

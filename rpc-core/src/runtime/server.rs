@@ -1,7 +1,6 @@
 //! The server: accepts connections, runs one driver task per connection, runs handlers
 //! concurrently (bounded), and shuts down gracefully.
 
-use std::any::Any;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -14,11 +13,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::{BoxFuture, CatchUnwind, Either};
-use futures::FutureExt;
-use rpc_transport::{Address, Connection, Listener, MemPool, Received};
+use rpc_transport::{Address, Connection, Listener, Received};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio::task::futures::TaskLocalFuture;
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::Instrument;
 
@@ -27,7 +23,8 @@ use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
 use super::observe::{self, ServerMethod, ServerOutcome};
 use crate::context::{self, Metadata};
-use crate::error::{ConnectError, ServiceError};
+use crate::error::ConnectError;
+use crate::future_slot::{Caught, HandlerBoxes, ServiceFuture};
 use crate::proto::{
     CancelReason, MethodId, Path, ServerEvent, ServerProto, SharedBudget, WireError, WireErrorCode,
 };
@@ -297,24 +294,16 @@ impl Acceptor {
             draining: false,
             stats_slot: self.board.slot(),
             polls: 0,
-            spare: None,
+            boxes: HandlerBoxes::default(),
             spare_ctx: None,
         };
         connections.spawn(driver.instrument(span));
     }
 }
 
-/// A spawned handler's call id, its spawn number ([`Running::spawn`]) and its answer.
-type HandlerResult = (u64, u64, Result<Bytes, WireError>);
-/// What a handler ends with: its answer, or the payload of its panic.
-type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
-/// A handler with its context, pool and panic catching ([`ServerDriver::handler_future`]); a
-/// named type, so that the box it is polled in can be reused ([`ServerDriver::spare`]).
-type HandlerFuture = Either<
-    CatchUnwind<AssertUnwindSafe<TaskLocalFuture<MemPool, TaskLocalFuture<context::Context, ServiceFuture>>>>,
-    std::future::Ready<Caught>,
->;
-type ServiceFuture = BoxFuture<'static, Result<Bytes, ServiceError>>;
+/// A spawned handler's call id, its spawn number ([`Running::spawn`]), its answer and its
+/// box (empty, for the connection to reuse).
+type HandlerResult = (u64, u64, Result<Bytes, WireError>, ServiceFuture);
 
 /// A finished handler's answer, as it goes on the wire.
 fn handler_answer(caught: Caught) -> Result<Bytes, WireError> {
@@ -323,12 +312,6 @@ fn handler_answer(caught: Caught) -> Result<Bytes, WireError> {
         Ok(Err(e)) => Err(e.to_wire()),
         Err(_) => Err(WireError::new(WireErrorCode::Handler, "handler panicked")),
     }
-}
-
-/// What a reused handler box holds between calls: nothing of the last call (no allocation:
-/// the unit payload is zero-sized).
-fn spent_handler() -> HandlerFuture {
-    Either::Right(std::future::ready(Err(Box::new(()))))
 }
 type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
@@ -446,8 +429,8 @@ struct ServerDriver {
     stats_slot: StatsSlot,
     /// Times this driver was polled (for [`ConnStats`]).
     polls: u64,
-    /// The box of the last handler that finished inline, emptied, for the next one.
-    spare: Option<Pin<Box<HandlerFuture>>>,
+    /// The boxes of finished handlers, emptied, for the next ones' futures.
+    boxes: HandlerBoxes,
     /// The context of the last handler that finished inline, for the next one (reused if the
     /// handler kept no clone of it).
     spare_ctx: Option<context::Context>,
@@ -553,30 +536,39 @@ impl ServerDriver {
         let keep_ctx = self.inline.then(|| ctx.clone());
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
-        let fut = call.span.in_scope(|| self.handler_future(method, payload, ctx));
-        let mut fut = match self.spare.take() {
-            Some(mut spare) => {
-                spare.as_mut().set(fut);
-                spare
+        // The future goes in a box of the connection's (see `future_slot`), with the call's
+        // context and the connection's pool (the response is encoded into its registered memory:
+        // see `codec::encode`). Building it runs the service's code too (decoding the
+        // arguments): a panic there is answered like one in the handler.
+        let pool = self.conn.pool().clone();
+        let (service, boxes) = (&self.service, &mut self.boxes);
+        let built = call.span.in_scope(|| {
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                service.call_in(method, payload, boxes.slot(ctx, pool))
+            }))
+        });
+        let mut fut = match built {
+            Ok(fut) => fut,
+            Err(panic) => {
+                self.spare_ctx = keep_ctx;
+                drop(slot);
+                self.handlers_inline += 1;
+                self.finish_now(call_id, &call, handler_answer(Err(panic)));
+                return;
             }
-            None => Box::pin(fut),
         };
         if self.inline {
             // The first poll, here, under the call's span (the context and pool are set by the
             // future itself). A waker that does nothing: if the handler waits, the task it moves
             // to polls it again at once and registers its own waker.
             let mut noop = Context::from_waker(futures::task::noop_waker_ref());
-            if let Poll::Ready(caught) = call.span.in_scope(|| fut.as_mut().poll(&mut noop)) {
-                // The box is kept for the next handler, without this one's context and pool.
-                fut.as_mut().set(spent_handler());
-                self.spare = Some(fut);
+            if let Poll::Ready(caught) = call.span.in_scope(|| fut.poll(&mut noop)) {
+                // The box is kept for the next handler (it holds nothing of this one any more).
+                self.boxes.give_back(fut);
                 self.spare_ctx = keep_ctx;
                 drop(slot);
                 self.handlers_inline += 1;
-                // The handler ran here: its end is read from the clock afresh.
-                self.scratch.clock.reset();
-                let now = self.scratch.clock.now();
-                self.finish(call_id, &call, handler_answer(caught), now);
+                self.finish_now(call_id, &call, handler_answer(caught));
                 return;
             }
         }
@@ -585,27 +577,19 @@ impl ServerDriver {
         let results = self.results_tx.clone();
         let task = async move {
             let _slot = slot;
-            let result = handler_answer(fut.await);
-            let _ = results.send((call_id, spawn, result));
+            let result = handler_answer(std::future::poll_fn(|cx| fut.poll(cx)).await);
+            let _ = results.send((call_id, spawn, result, fut));
         };
         let handle = tokio::spawn(task.instrument(call.span.clone()));
         self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call, spawn });
     }
 
-    /// The service's handler for one call, run with the call's context and the connection's
-    /// pool, its panics answered as a `Handler` error (whether it runs here or in a task).
-    fn handler_future(&self, method: MethodId, payload: Received, ctx: context::Context) -> HandlerFuture {
-        // Building the future runs the service's code too (decoding the arguments).
-        let call = std::panic::catch_unwind(AssertUnwindSafe(|| self.service.call(method, payload)));
-        match call {
-            // The response is encoded into the connection's registered memory (see
-            // `codec::encode`).
-            Ok(call) => Either::Left(
-                AssertUnwindSafe(crate::codec::pool_scope(self.conn.pool().clone(), ctx.scope(call)))
-                    .catch_unwind(),
-            ),
-            Err(panic) => Either::Right(std::future::ready(Err(panic))),
-        }
+    /// Answers a call whose handler ran here, in the driver: its end is read from the clock
+    /// afresh.
+    fn finish_now(&mut self, call_id: u64, call: &CallReport, result: Result<Bytes, WireError>) {
+        self.scratch.clock.reset();
+        let now = self.scratch.clock.now();
+        self.finish(call_id, call, result, now);
     }
 
     /// Answers a call whose handler finished, and reports its end.
@@ -665,8 +649,9 @@ impl ServerDriver {
     fn poll_results(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
         for _ in 0..driver::COMPLETION_BATCH {
-            let Poll::Ready(Some((call_id, spawn, result))) = self.results.poll_recv(cx) else { break };
+            let Poll::Ready(Some((call_id, spawn, result, fut))) = self.results.poll_recv(cx) else { break };
             progressed = true;
+            self.boxes.give_back(fut);
             // One lookup: the entry is taken only if it is this spawn's.
             if let Entry::Occupied(entry) = self.handlers.entry(call_id) {
                 if entry.get().spawn == spawn {
@@ -737,6 +722,7 @@ impl ServerDriver {
             driver_polls: self.polls,
             handlers_inline: self.handlers_inline,
             handlers_spawned: self.handlers_spawned,
+            handler_boxes: self.boxes.made(),
         };
         self.stats_slot.publish(stats);
     }

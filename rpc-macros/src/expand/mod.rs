@@ -58,6 +58,9 @@ struct Context {
     server_ident: Ident,
     /// Generic parameter of the server struct, chosen not to shadow a type the signatures use.
     server_param: Ident,
+    /// Generic parameter of the server's dispatcher (where it puts a handler's future), chosen
+    /// likewise.
+    place_param: Ident,
 }
 
 impl Context {
@@ -68,7 +71,8 @@ impl Context {
             krate,
             client_ident: format_ident!("{}Client", trait_ident, span = span),
             server_ident: format_ident!("{}Server", trait_ident, span = span),
-            server_param: server_type_param(service),
+            server_param: fresh_type_param(service, "S"),
+            place_param: fresh_type_param(service, "P"),
             trait_ident,
         }
     }
@@ -86,11 +90,12 @@ fn method_id_const(method: &MethodDef) -> Ident {
     format_ident!("{}", const_name(&method.name()), span = method.ident.span())
 }
 
-/// `S`, unless the trait or a signature already uses the name `S` (then `S_`, `S__`, ..).
-fn server_type_param(service: &ServiceDef) -> Ident {
+/// `base` (`S`, `P`), unless the trait or a signature already uses that name (then `S_`, `S__`,
+/// ..). The two bases differ in their first letter, so they never meet.
+fn fresh_type_param(service: &ServiceDef, base: &str) -> Ident {
     let mut used = ids_in_signatures(service);
     used.push(service.ident.to_string());
-    let mut name = String::from("S");
+    let mut name = String::from(base);
     while used.contains(&name) {
         name.push('_');
     }

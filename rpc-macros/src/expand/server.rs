@@ -62,16 +62,39 @@ fn server_std_impls(ctx: &Context) -> TokenStream {
     }
 }
 
+/// The dispatcher (`__dispatch`, generic over where it puts the handler's future) and the
+/// `rpc_core::Service` impl, whose `call` boxes the future and `call_in` puts it in the box the
+/// server lends.
 fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
-    let Context { krate, trait_ident, server_ident, server_param: s, .. } = ctx;
+    let Context { krate, trait_ident, server_ident, server_param: s, place_param: p, .. } = ctx;
     let service_name = service.name();
     let descs = service.methods.iter().map(|method| method_desc(ctx, method));
     // Mixed-site names can't be shadowed by (or shadow) the user's argument names.
     let method_var = Ident::new("method", Span::mixed_site());
     let payload = Ident::new("payload", Span::mixed_site());
-    let arms = service.methods.iter().map(|method| dispatch_arm(ctx, method, &payload));
+    let place = Ident::new("place", Span::mixed_site());
+    let slot = Ident::new("slot", Span::mixed_site());
+    let arms = service.methods.iter().map(|method| dispatch_arm(ctx, method, &payload, &place));
     let discard_payload = service.methods.is_empty().then(|| quote!(let _ = #payload;));
     quote! {
+        impl<#s: #trait_ident> #server_ident<#s> {
+            /// Runs one request, its future put where `place` says.
+            fn __dispatch<#p: #krate::__private::Place>(
+                &self,
+                #method_var: #krate::MethodId,
+                #payload: #krate::__private::Received,
+                #place: #p,
+            ) -> <#p as #krate::__private::Place>::Placed {
+                match #method_var {
+                    #(#arms)*
+                    _ => {
+                        #discard_payload
+                        #krate::__private::unknown_method(#service_name, #method_var, #place)
+                    }
+                }
+            }
+        }
+
         impl<#s: #trait_ident> #krate::Service for #server_ident<#s> {
             fn name(&self) -> &'static str {
                 #service_name
@@ -90,13 +113,16 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
                 'static,
                 ::core::result::Result<#krate::__private::Bytes, #krate::ServiceError>,
             > {
-                match #method_var {
-                    #(#arms)*
-                    _ => {
-                        #discard_payload
-                        #krate::__private::unknown_method(#service_name, #method_var)
-                    }
-                }
+                self.__dispatch(#method_var, #payload, #krate::__private::Boxed)
+            }
+
+            fn call_in(
+                &self,
+                #method_var: #krate::MethodId,
+                #payload: #krate::__private::Received,
+                #slot: #krate::FutureSlot<'_>,
+            ) -> #krate::ServiceFuture {
+                self.__dispatch(#method_var, #payload, #slot)
             }
         }
     }
@@ -111,8 +137,8 @@ fn method_desc(ctx: &Context, method: &MethodDef) -> TokenStream {
     quote!(#krate::MethodDesc { name: #name, full_name: #full_name, id: #id })
 }
 
-/// `KvClient::GET => { let inner = ..; serve(payload, move |(key,): (String,)| async move { .. }) }`.
-fn dispatch_arm(ctx: &Context, method: &MethodDef, payload: &Ident) -> TokenStream {
+/// `KvClient::GET => { let inner = ..; serve(payload, place, move |(key,): (String,)| async move { .. }) }`.
+fn dispatch_arm(ctx: &Context, method: &MethodDef, payload: &Ident, place: &Ident) -> TokenStream {
     let Context { krate, trait_ident, server_param: s, .. } = ctx;
     let id = ctx.method_id_path(method);
     let ident = &method.ident;
@@ -133,7 +159,7 @@ fn dispatch_arm(ctx: &Context, method: &MethodDef, payload: &Ident) -> TokenStre
     quote! {
         #id => {
             let #inner = ::core::clone::Clone::clone(&self.inner);
-            #krate::__private::serve(#payload, move |(#(#names,)*): (#(#types,)*)| async move {
+            #krate::__private::serve(#payload, #place, move |(#(#names,)*): (#(#types,)*)| async move {
                 <#s as #trait_ident>::#ident(&*#inner, #context #(#values),*).await
             })
         }

@@ -1,0 +1,261 @@
+//! Where a service puts the future of a call: a box its connection lends it, reused from call
+//! to call ([`FutureSlot`]), so that a handler whose future has the layout of an earlier one
+//! allocates nothing.
+//!
+//! The box holds the whole handler as the server runs it: the service's future with the call's
+//! context and the connection's pool set around it, its panics caught. When the handler
+//! finishes, everything it held is dropped at once (the call's context, the pool, what the
+//! future kept) and the empty box goes back to the connection; the next future of the same size
+//! and alignment is written into it. A handler that waits takes its box into its task and sends
+//! it back with its answer.
+
+use std::alloc::Layout;
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use rpc_transport::MemPool;
+use tokio_util::sync::ReusableBoxFuture;
+
+use crate::context;
+use crate::error::ServiceError;
+
+/// What a handler ends with: the service's answer, or the payload of its panic.
+pub(crate) type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
+
+/// The most empty boxes a connection keeps: enough for a service whose methods' futures have
+/// a few different layouts, called in turn. A box is as large as the largest future made in it
+/// (a few hundred bytes for most handlers), so this bounds the memory a connection keeps idle.
+const SPARE_BOXES: usize = 4;
+
+/// Where a service puts the future of one call ([`Service::call_in`](crate::Service::call_in)):
+/// a box the connection lends, reused when the future has the layout of an earlier call's.
+/// Put one future in it with [`FutureSlot::put`].
+pub struct FutureSlot<'a> {
+    boxes: &'a mut HandlerBoxes,
+    ctx: context::Context,
+    pool: MemPool,
+}
+
+impl fmt::Debug for FutureSlot<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FutureSlot").field("method", &self.ctx.method()).finish_non_exhaustive()
+    }
+}
+
+impl FutureSlot<'_> {
+    /// Puts the call's future in this slot: in one of the connection's empty boxes if one has
+    /// its layout, else in a new box (kept for later calls when the handler finishes). The
+    /// server polls it with the call's [`Context`](crate::Context) as
+    /// [`context::current()`](crate::context::current) and catches its panics (answered as a
+    /// `Handler` error).
+    pub fn put<F>(self, future: F) -> ServiceFuture
+    where
+        F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,
+    {
+        // `fuse`: the handler's captures, context and pool are dropped as soon as it finishes,
+        // not when its box is next used.
+        let handler = AssertUnwindSafe(crate::codec::pool_scope(self.pool, self.ctx.scope(future)))
+            .catch_unwind()
+            .fuse();
+        self.boxes.place(handler)
+    }
+}
+
+/// A call's future in the box a [`FutureSlot`] lent: what
+/// [`Service::call_in`](crate::Service::call_in) returns, for the server to run.
+pub struct ServiceFuture {
+    boxed: ReusableBoxFuture<'static, Caught>,
+    /// The layout of the future written in the box (the box's size and alignment).
+    layout: Layout,
+    /// Whether the future finished (its box then holds nothing of it).
+    done: bool,
+}
+
+impl fmt::Debug for ServiceFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceFuture").field("layout", &self.layout).field("done", &self.done).finish()
+    }
+}
+
+impl ServiceFuture {
+    /// Polls the handler (not again once it has finished).
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Caught> {
+        if self.done {
+            return Poll::Pending;
+        }
+        let polled = self.boxed.poll(cx);
+        self.done = polled.is_ready();
+        polled
+    }
+}
+
+/// A connection's empty handler boxes, each with the layout of the future it was made for
+/// (at most [`SPARE_BOXES`]; the least recently used one goes first), and how many boxes were
+/// made.
+#[derive(Debug, Default)]
+pub(crate) struct HandlerBoxes {
+    spares: Vec<(Layout, ReusableBoxFuture<'static, Caught>)>,
+    made: u64,
+}
+
+impl HandlerBoxes {
+    /// The slot one call's future goes in, run with `ctx` and `pool`.
+    pub(crate) fn slot(&mut self, ctx: context::Context, pool: MemPool) -> FutureSlot<'_> {
+        FutureSlot { boxes: self, ctx, pool }
+    }
+
+    /// Boxes made so far (each allocated once; the others were reused).
+    pub(crate) fn made(&self) -> u64 {
+        self.made
+    }
+
+    /// `future` in an empty box of its layout, or in a new one.
+    fn place<F>(&mut self, future: F) -> ServiceFuture
+    where
+        F: Future<Output = Caught> + Send + 'static,
+    {
+        let layout = Layout::new::<F>();
+        let mut future = future;
+        // The layout is checked here: a `try_set` that fails frees the box it is called on.
+        if let Some(i) = self.spares.iter().position(|(l, _)| *l == layout) {
+            let (_, mut boxed) = self.spares.remove(i);
+            match boxed.try_set(future) {
+                Ok(()) => return ServiceFuture { boxed, layout, done: false },
+                // Not with the layout checked above; boxed anew below.
+                Err(back) => future = back,
+            }
+        }
+        self.made += 1;
+        ServiceFuture { boxed: ReusableBoxFuture::new(future), layout, done: false }
+    }
+
+    /// Keeps the box of a finished handler for a later one (one that has not finished is
+    /// dropped: its box still holds it).
+    pub(crate) fn give_back(&mut self, fut: ServiceFuture) {
+        if !fut.done {
+            return;
+        }
+        if self.spares.len() == SPARE_BOXES {
+            self.spares.remove(0);
+        }
+        self.spares.push((fut.layout, fut.boxed));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn ctx() -> context::Context {
+        context::Context::new_in(None, "T.m", 1, 1, Arc::from("peer"), None, context::Metadata::new())
+    }
+
+    fn pool() -> MemPool {
+        MemPool::heap(rpc_transport::PoolLimits::default())
+    }
+
+    fn run(fut: &mut ServiceFuture) -> Caught {
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        match fut.poll(&mut cx) {
+            Poll::Ready(caught) => caught,
+            Poll::Pending => panic!("a ready future is pending"),
+        }
+    }
+
+    #[test]
+    fn a_finished_handler_box_is_reused_by_a_future_of_its_layout_only() {
+        let mut boxes = HandlerBoxes::default();
+        let small = |n: u64| async move { Ok(Bytes::from(n.to_le_bytes().to_vec())) };
+        let large = |n: [u64; 16]| async move { Ok(Bytes::from(n[0].to_le_bytes().to_vec())) };
+        let mut fut = boxes.slot(ctx(), pool()).put(small(1));
+        assert_eq!(run(&mut fut).unwrap().unwrap(), Bytes::from(1u64.to_le_bytes().to_vec()));
+        boxes.give_back(fut);
+        assert_eq!(boxes.made(), 1);
+        for round in 0..10u64 {
+            let mut a = boxes.slot(ctx(), pool()).put(small(round));
+            assert!(run(&mut a).is_ok());
+            boxes.give_back(a);
+            let mut b = boxes.slot(ctx(), pool()).put(large([round; 16]));
+            assert!(run(&mut b).is_ok());
+            boxes.give_back(b);
+        }
+        assert_eq!(boxes.made(), 2, "one box per layout, then reused");
+        assert_eq!(boxes.spares.len(), 2);
+    }
+
+    #[test]
+    fn an_unfinished_handler_box_is_not_kept_and_spares_are_bounded() {
+        let mut boxes = HandlerBoxes::default();
+        let pending = boxes.slot(ctx(), pool()).put(futures::future::pending());
+        boxes.give_back(pending);
+        assert!(boxes.spares.is_empty(), "a box that still holds a future is dropped");
+        // Futures of more layouts than spares are kept: the oldest box goes.
+        fn sized<const N: usize>() -> impl Future<Output = Result<Bytes, ServiceError>> + Send {
+            let pad = [0u8; N];
+            async move { Ok(Bytes::from(pad.len().to_string())) }
+        }
+        let mut futs = vec![
+            boxes.slot(ctx(), pool()).put(sized::<8>()),
+            boxes.slot(ctx(), pool()).put(sized::<64>()),
+            boxes.slot(ctx(), pool()).put(sized::<128>()),
+            boxes.slot(ctx(), pool()).put(sized::<256>()),
+            boxes.slot(ctx(), pool()).put(sized::<512>()),
+        ];
+        for fut in &mut futs {
+            assert!(run(fut).is_ok());
+        }
+        for fut in futs {
+            boxes.give_back(fut);
+        }
+        assert_eq!(boxes.spares.len(), SPARE_BOXES);
+        let made = boxes.made();
+        // The first (8 bytes of padding) was dropped; 512 is still there.
+        let mut again = boxes.slot(ctx(), pool()).put(sized::<512>());
+        assert!(run(&mut again).is_ok());
+        assert_eq!(boxes.made(), made);
+        let mut first = boxes.slot(ctx(), pool()).put(sized::<8>());
+        assert!(run(&mut first).is_ok());
+        assert_eq!(boxes.made(), made + 1);
+    }
+
+    #[test]
+    fn a_panic_is_caught_and_its_box_reused() {
+        let mut boxes = HandlerBoxes::default();
+        let boom = |panics: bool| async move {
+            if panics {
+                panic!("a handler that panics (expected by this test)");
+            }
+            Ok(Bytes::new())
+        };
+        let mut fut = boxes.slot(ctx(), pool()).put(boom(true));
+        assert!(run(&mut fut).is_err(), "the panic is caught");
+        boxes.give_back(fut);
+        let mut fut = boxes.slot(ctx(), pool()).put(boom(false));
+        assert!(run(&mut fut).unwrap().is_ok());
+        assert_eq!(boxes.made(), 1);
+    }
+
+    #[test]
+    fn a_finished_handler_keeps_nothing_of_its_call() {
+        let mut boxes = HandlerBoxes::default();
+        let held = Arc::new(());
+        let kept = held.clone();
+        let mut fut = boxes.slot(ctx(), pool()).put(async move {
+            let _kept = kept;
+            let current = context::current().expect("the call's context is set");
+            Ok(Bytes::from(current.method().to_string()))
+        });
+        assert_eq!(Arc::strong_count(&held), 2);
+        assert_eq!(run(&mut fut).unwrap().unwrap(), Bytes::from_static(b"T.m"));
+        assert_eq!(Arc::strong_count(&held), 1, "the future's captures are dropped when it finishes");
+        boxes.give_back(fut);
+        assert_eq!(boxes.spares.len(), 1);
+    }
+}
