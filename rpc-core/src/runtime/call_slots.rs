@@ -12,6 +12,8 @@ use std::task::{Context, Poll, Waker};
 
 use slab::Slab;
 
+use tokio::time::Instant;
+
 use crate::error::CallError;
 use crate::proto::CallInfo;
 use rpc_transport::{Detail, Received};
@@ -22,8 +24,9 @@ pub(crate) type CallResult = Result<(Received, CallInfo), CallError>;
 enum Slot {
     /// In progress; the waker of the task awaiting it, once it has polled.
     Waiting { call_id: u64, waker: Option<Waker> },
-    /// The driver delivered the result; the caller has not taken it yet.
-    Done { call_id: u64, result: CallResult },
+    /// The driver delivered the result at `at` (its clock reading then); the caller has not
+    /// taken it yet.
+    Done { call_id: u64, result: CallResult, at: Instant },
 }
 
 impl Slot {
@@ -79,15 +82,15 @@ impl CallSlots {
         Some(call_id)
     }
 
-    /// The caller's side: the result once delivered (the slot is then free), else `Pending` with
-    /// the caller's waker kept in the slot.
-    pub(crate) fn poll_result(&self, call_id: u64, cx: &mut Context<'_>) -> Poll<CallResult> {
+    /// The caller's side: the result once delivered, with when it was (the slot is then free),
+    /// else `Pending` with the caller's waker kept in the slot.
+    pub(crate) fn poll_result(&self, call_id: u64, cx: &mut Context<'_>) -> Poll<(CallResult, Instant)> {
         let mut inner = self.lock();
         let Some(key) =
             key_of(call_id).filter(|k| inner.slots.get(*k).is_some_and(|s| s.call_id() == call_id))
         else {
             // Not ours (cannot happen: only the caller frees its slot).
-            return Poll::Ready(Err(CallError::Disconnected("call slot lost".into())));
+            return Poll::Ready((Err(CallError::Disconnected("call slot lost".into())), Instant::now()));
         };
         match &mut inner.slots[key] {
             Slot::Waiting { waker, .. } => {
@@ -98,22 +101,24 @@ impl CallSlots {
                 Poll::Pending
             }
             Slot::Done { .. } => match inner.slots.remove(key) {
-                Slot::Done { result, .. } => Poll::Ready(result),
+                Slot::Done { result, at, .. } => Poll::Ready((result, at)),
                 Slot::Waiting { .. } => unreachable!("matched as done above"),
             },
         }
     }
 
-    /// The driver's side: delivers `result` to call `call_id` and wakes its caller. Returns
-    /// false if the caller has gone (its slot was given back).
-    pub(crate) fn complete(&self, call_id: u64, result: CallResult) -> bool {
+    /// The driver's side: delivers `result` to call `call_id` at `at` (the driver's clock
+    /// reading of this wake-up: the caller's metrics take the call's end from it instead of
+    /// reading the clock again) and wakes its caller. Returns false if the caller has gone (its
+    /// slot was given back).
+    pub(crate) fn complete(&self, call_id: u64, result: CallResult, at: Instant) -> bool {
         let waker = {
             let mut inner = self.lock();
             let Some(slot) = key_of(call_id).and_then(|k| inner.slots.get_mut(k)) else { return false };
             match slot {
                 Slot::Waiting { call_id: id, waker } if *id == call_id => {
                     let waker = waker.take();
-                    *slot = Slot::Done { call_id, result };
+                    *slot = Slot::Done { call_id, result, at };
                     waker
                 }
                 _ => return false,
@@ -139,6 +144,7 @@ impl CallSlots {
     /// [`CallError::Disconnected`] carrying `reason`.
     pub(crate) fn close(&self, reason: Detail) {
         let mut wakers = Vec::new();
+        let at = Instant::now();
         {
             let mut inner = self.lock();
             inner.closed = true;
@@ -146,7 +152,7 @@ impl CallSlots {
                 if let Slot::Waiting { call_id, waker } = slot {
                     wakers.extend(waker.take());
                     let result = Err(CallError::Disconnected(reason.clone()));
-                    *slot = Slot::Done { call_id: *call_id, result };
+                    *slot = Slot::Done { call_id: *call_id, result, at };
                 }
             }
         }
@@ -186,14 +192,18 @@ mod tests {
         let id = slots.open().unwrap();
         assert_ne!(id, 0);
         assert!(slots.poll_result(id, &mut cx).is_pending());
-        assert!(slots.complete(id, ok(7)));
+        let at = Instant::now() + std::time::Duration::from_secs(5);
+        assert!(slots.complete(id, ok(7), at));
         assert_eq!(wakes.0.load(Ordering::Relaxed), 1, "the caller was woken");
         match slots.poll_result(id, &mut cx) {
-            Poll::Ready(Ok((b, _))) => assert_eq!(&b[..], &[7]),
+            Poll::Ready((Ok((b, _)), when)) => {
+                assert_eq!(&b[..], &[7]);
+                assert_eq!(when, at, "the caller gets the driver's reading of the delivery");
+            }
             other => panic!("expected the result, got {other:?}"),
         }
         assert_eq!(slots.lock().slots.len(), 0, "the slot is free");
-        assert!(!slots.complete(id, ok(8)), "a finished call takes no second result");
+        assert!(!slots.complete(id, ok(8), Instant::now()), "a finished call takes no second result");
     }
 
     #[test]
@@ -204,9 +214,12 @@ mod tests {
         let second = slots.open().unwrap();
         assert_eq!(key_of(first), key_of(second), "the slot is reused");
         assert_ne!(first, second);
-        assert!(!slots.complete(first, ok(1)), "the old call's result does not reach the new one");
+        assert!(
+            !slots.complete(first, ok(1), Instant::now()),
+            "the old call's result does not reach the new one"
+        );
         assert!(!slots.abandon(first));
-        assert!(slots.complete(second, ok(2)));
+        assert!(slots.complete(second, ok(2), Instant::now()));
         assert!(!slots.abandon(second), "already done: nothing to cancel");
     }
 
@@ -219,14 +232,17 @@ mod tests {
         let waiting = slots.open().unwrap();
         let done = slots.open().unwrap();
         assert!(slots.poll_result(waiting, &mut cx).is_pending());
-        assert!(slots.complete(done, ok(3)));
+        assert!(slots.complete(done, ok(3), Instant::now()));
         slots.close("gone".into());
         assert_eq!(wakes.0.load(Ordering::Relaxed), 1);
         match slots.poll_result(waiting, &mut cx) {
-            Poll::Ready(Err(CallError::Disconnected(r))) => assert_eq!(r, "gone"),
+            Poll::Ready((Err(CallError::Disconnected(r)), _)) => assert_eq!(r, "gone"),
             other => panic!("expected Disconnected, got {other:?}"),
         }
-        assert!(matches!(slots.poll_result(done, &mut cx), Poll::Ready(Ok(_))), "a delivered result stays");
+        assert!(
+            matches!(slots.poll_result(done, &mut cx), Poll::Ready((Ok(_), _))),
+            "a delivered result stays"
+        );
         assert!(slots.open().is_none(), "no call starts after close");
     }
 }

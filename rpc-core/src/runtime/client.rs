@@ -30,7 +30,11 @@ enum Command {
         method: MethodId,
         payload: Payload,
         metadata: Bytes,
+        /// The time left, counted from `at`.
         timeout: Option<Duration>,
+        /// When the caller measured `timeout` (or started the call, if it has no deadline): the
+        /// driver takes the call's start from it rather than reading the clock again.
+        at: tokio::time::Instant,
     },
     Cancel {
         call_id: u64,
@@ -204,6 +208,7 @@ impl Client {
             trace_id = Empty,
         );
         let mut finish = Finish { span, name, request_bytes: payload.len(), started, reported: false };
+        let mut ended = None;
         let result = 'call: {
             let metadata = match metadata_with_trace(opts, &finish.span) {
                 Ok(m) => m,
@@ -214,11 +219,18 @@ impl Client {
                 break 'call Err(self.not_connected());
             }
             let timeout = opts.deadline.or(self.shared.default_deadline);
-            let remaining = || timeout.map(|t| t.saturating_sub(started.elapsed()));
+            // The time left, and when it was measured (the clock is read only for a deadline).
+            let remaining = || match timeout {
+                Some(t) => {
+                    let now = tokio::time::Instant::now();
+                    (Some(t.saturating_sub(now.saturating_duration_since(started))), now)
+                }
+                None => (None, started),
+            };
             let closed = || CallError::Disconnected("client closed".into());
             let before = remaining();
             // The time left is read again only after waiting for a permit.
-            let (_permit, remaining) = match (before, conn.in_flight.try_acquire()) {
+            let (_permit, (remaining, at)) = match (before.0, conn.in_flight.try_acquire()) {
                 (Some(Duration::ZERO), _) => break 'call Err(CallError::DeadlineExceeded),
                 // A permit free now: no future to build (no timer either).
                 (_, Ok(p)) => (p, before),
@@ -231,7 +243,7 @@ impl Client {
                     }
                 }
                 (None, Err(TryAcquireError::NoPermits)) => match conn.in_flight.acquire().await {
-                    Ok(p) => (p, None),
+                    Ok(p) => (p, (None, started)),
                     Err(_) => break 'call Err(closed()),
                 },
             };
@@ -240,17 +252,20 @@ impl Client {
             }
             let Some(call_id) = conn.slots.open() else { break 'call Err(self.not_connected()) };
             finish.span.record("call_id", call_id);
-            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining };
+            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining, at };
             if conn.commands.send(command).is_err() {
                 conn.slots.abandon(call_id);
                 break 'call Err(self.not_connected());
             }
             let guard = CancelOnDrop { call_id, conn: &conn, armed: true };
-            let result = std::future::poll_fn(|cx| conn.slots.poll_result(call_id, cx)).await;
+            let (result, at) = std::future::poll_fn(|cx| conn.slots.poll_result(call_id, cx)).await;
             guard.disarm();
+            ended = Some(at);
             result
         };
-        finish.report(&result);
+        // A call that ended before it was sent reads the clock; one the driver answered takes
+        // its reading.
+        finish.report(&result, ended.unwrap_or_else(tokio::time::Instant::now));
         result
     }
 
@@ -423,9 +438,11 @@ struct Finish {
 }
 
 impl Finish {
-    fn report(&mut self, result: &CallResult) {
+    /// Reports the call's end at `ended`.
+    fn report(&mut self, result: &CallResult, ended: tokio::time::Instant) {
         self.reported = true;
-        observe::client_call_done(&self.span, self.name, self.request_bytes, self.started.elapsed(), result);
+        let elapsed = ended.saturating_duration_since(self.started);
+        observe::client_call_done(&self.span, self.name, self.request_bytes, elapsed, result);
     }
 }
 
@@ -486,10 +503,10 @@ impl ClientDriver {
 
     fn run_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Call { call_id, method, payload, metadata, timeout } => {
-                let now = self.scratch.clock.now().into_std();
-                if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, now) {
-                    self.slots.complete(call_id, Err(start_error(e)));
+            Command::Call { call_id, method, payload, metadata, timeout, at } => {
+                // The deadline counts from when the caller measured `timeout`: no clock read here.
+                if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, at.into_std()) {
+                    self.slots.complete(call_id, Err(start_error(e)), at);
                 }
             }
             Command::Cancel { call_id } => {
@@ -513,8 +530,10 @@ impl ClientDriver {
 
     fn deliver_events(&mut self) {
         while let Some(ClientEvent::Completed { call_id, result, info }) = self.proto.poll_event() {
+            // This wake-up's reading (taken already to handle the response that ended the call).
+            let at = self.scratch.clock.now();
             // A caller that has gone (its cancel not yet taken) gets nothing.
-            self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error));
+            self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at);
         }
     }
 

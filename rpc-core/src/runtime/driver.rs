@@ -210,10 +210,12 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
         Poll::Ready(Err(e)) => return Err(Fatal::Transport(e)),
         Poll::Ready(Ok(())) => {}
     }
-    let now = clock.now().into_std();
     for completion in scratch.drain(..) {
         match completion {
             Completion::Recv { buf } => {
+                // Read once per wake-up, and only for a message (its arrival counts for the
+                // connection's liveness): a SEND or READ completion needs no time.
+                let now = clock.now().into_std();
                 // The message is handed on as it lies in the receive buffer (no copy); a fresh
                 // buffer of the connection's pool takes its place in the receive queue (all of
                 // the batch's in one post, below) before the state machine can return the credit.
