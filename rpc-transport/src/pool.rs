@@ -59,6 +59,7 @@
 //! pool whichever comes first.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -233,6 +234,7 @@ impl FreeList {
         }
     }
 
+    #[inline]
     fn pop(&self) -> Option<Block> {
         if let Some(block) = self.queue.pop() {
             return Some(block);
@@ -240,18 +242,31 @@ impl FreeList {
         if self.overflowed.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        self.pop_overflow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pop_overflow(&self) -> Option<Block> {
         let mut overflow = lock(&self.overflow);
         let block = overflow.pop();
         self.overflowed.store(overflow.len(), Ordering::Relaxed);
         block
     }
 
+    #[inline]
     fn push(&self, block: Block) {
         if let Err(block) = self.queue.push(block) {
-            let mut overflow = lock(&self.overflow);
-            overflow.push(block);
-            self.overflowed.store(overflow.len(), Ordering::Relaxed);
+            self.push_overflow(block);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn push_overflow(&self, block: Block) {
+        let mut overflow = lock(&self.overflow);
+        overflow.push(block);
+        self.overflowed.store(overflow.len(), Ordering::Relaxed);
     }
 
     /// Takes every idle block (the caller drops them outside any lock: dropping a chunk's last
@@ -298,7 +313,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    #[inline]
     fn free_list(&self, class: usize) -> &FreeList {
+        match self.free[class].get() {
+            Some(list) => list,
+            None => self.make_free_list(class),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn make_free_list(&self, class: usize) -> &FreeList {
         self.free[class].get_or_init(|| {
             let size = class_size_of(class);
             Box::new(FreeList::new((2 * (chunk_len(size) / size)).max(8)))
@@ -328,6 +353,7 @@ impl Shared {
     }
 
     /// An idle block of `class`, if any.
+    #[inline]
     fn take_idle(&self, class: usize) -> Option<Block> {
         let block = self.free_list(class).pop()?;
         if block.size >= CHUNK_BYTES {
@@ -336,6 +362,7 @@ impl Shared {
         Some(block)
     }
 
+    #[inline]
     fn give_back(&self, block: Block) {
         if !block.chunk.pooled || self.closed.load(Ordering::Relaxed) {
             return; // a one-off, or a closed pool: released (deregistered) with its last block
@@ -355,6 +382,7 @@ impl Shared {
 
     /// After pushing idle blocks of `class`: if the pool was closed meanwhile (its `close` may
     /// have emptied the list before our push), empties the list now. See the module docs.
+    #[inline]
     fn recheck_closed(&self, class: usize) {
         fence(Ordering::SeqCst);
         if self.closed.load(Ordering::Relaxed) {
@@ -363,6 +391,8 @@ impl Shared {
     }
 
     /// Releases every idle block of `class`.
+    #[cold]
+    #[inline(never)]
     fn drop_idle(&self, class: usize) {
         let Some(list) = self.free[class].get() else { return };
         let taken = list.take_all();
@@ -413,6 +443,7 @@ impl MemPool {
 
     /// A buffer of `len` bytes (contents unspecified: zeroes or bytes of an earlier use of this
     /// pool). Fails only if the memory cannot be allocated or registered.
+    #[inline]
     pub fn alloc(&self, len: usize) -> Result<Buf, TransportError> {
         let shared = &self.shared;
         shared.counters.allocs.fetch_add(1, Ordering::Relaxed);
@@ -420,6 +451,15 @@ impl MemPool {
         if let Some(block) = shared.take_idle(class) {
             return Ok(Buf::pooled(block, len));
         }
+        self.alloc_chunk(len, size, class)
+    }
+
+    /// [`MemPool::alloc`] with no idle block of its class: a new chunk (or a one-off beyond
+    /// `max_bytes`).
+    #[cold]
+    #[inline(never)]
+    fn alloc_chunk(&self, len: usize, size: usize, class: usize) -> Result<Buf, TransportError> {
+        let shared = &self.shared;
         let chunk_len = chunk_len(size);
         let max = shared.limits.max_bytes;
         let room = |pooled: usize| (pooled + chunk_len <= max).then_some(pooled + chunk_len);
@@ -457,10 +497,11 @@ impl MemPool {
 
     /// The size and class index a buffer of `len` bytes is pooled in; `None` when it cannot be
     /// pooled (larger than [`MAX_CLASS`], or the pool is closed): it is then a one-off.
+    #[inline]
     fn class_for(&self, len: usize) -> Option<(usize, usize)> {
-        let size = class_size(len.max(1));
+        let (size, class) = class_of(len);
         let pooled = size <= MAX_CLASS && !self.shared.closed.load(Ordering::Relaxed);
-        pooled.then(|| (size, class_index(size)))
+        pooled.then_some((size, class))
     }
 
     /// [`MemPool::alloc`], or plain heap memory if the pool cannot provide it (a transport then
@@ -472,6 +513,8 @@ impl MemPool {
         })
     }
 
+    #[cold]
+    #[inline(never)]
     fn one_off(&self, len: usize) -> Result<Buf, TransportError> {
         self.shared.counters.one_off.fetch_add(1, Ordering::Relaxed);
         let chunk = self.new_chunk(len.max(1), false)?;
@@ -565,7 +608,22 @@ impl MemPool {
     }
 }
 
-/// The size class of a buffer of `len` bytes: `len` rounded up to `c << e` with `c` in 4..8.
+/// The size class of a buffer of `len` bytes and its index: [`class_size`] and [`class_index`]
+/// at once (one bit scan).
+#[inline]
+fn class_of(len: usize) -> (usize, usize) {
+    if len <= MIN_CLASS {
+        return (MIN_CLASS, 0);
+    }
+    let m = len - 1;
+    let shift = (usize::BITS - 3 - m.leading_zeros()) as usize;
+    let c = (m >> shift) + 1; // 5..=8: 8 is the next power's class 4, which the index agrees with
+    (c << shift, (shift - 7) * 4 + c - 4)
+}
+
+/// The size class of a buffer of `len` bytes: `len` rounded up to `c << e` with `c` in 4..8
+/// (the plain statement of what [`class_of`] computes, which tests hold it to).
+#[cfg(test)]
 fn class_size(len: usize) -> usize {
     if len <= MIN_CLASS {
         return MIN_CLASS;
@@ -591,7 +649,8 @@ fn chunk_len(size: usize) -> usize {
     }
 }
 
-/// The index of a class size (as returned by [`class_size`]).
+/// The index of a class size (as returned by [`class_of`]).
+#[inline]
 fn class_index(size: usize) -> usize {
     let k = usize::BITS - 1 - size.leading_zeros(); // size in [2^k, 2^(k+1))
     let shift = k - 2;
@@ -600,8 +659,8 @@ fn class_index(size: usize) -> usize {
 }
 
 enum Storage {
-    /// A block of a pool's chunk.
-    Pooled(Block),
+    /// A block of a pool's chunk, moved out by `Buf`'s `Drop` only (no storage swap there).
+    Pooled(ManuallyDrop<Block>),
     /// Plain heap memory, registered nowhere (tests, callers without a pool).
     Heap(Vec<u8>),
 }
@@ -622,8 +681,9 @@ unsafe impl Send for Buf {}
 unsafe impl Sync for Buf {}
 
 impl Buf {
+    #[inline]
     fn pooled(block: Block, len: usize) -> Buf {
-        Buf { storage: Storage::Pooled(block), len }
+        Buf { storage: Storage::Pooled(ManuallyDrop::new(block)), len }
     }
 
     /// A heap buffer of `len` zero bytes (registered nowhere).
@@ -743,14 +803,15 @@ impl fmt::Debug for Buf {
 }
 
 impl Drop for Buf {
+    #[inline]
     fn drop(&mut self) {
-        if let Storage::Pooled(_) = self.storage {
-            let Storage::Pooled(block) = std::mem::replace(&mut self.storage, Storage::Heap(Vec::new()))
-            else {
-                unreachable!()
-            };
-            if let Some(shared) = block.chunk.shared.upgrade() {
-                shared.give_back(block);
+        if let Storage::Pooled(block) = &mut self.storage {
+            // SAFETY: taken once, here, as the `Buf` goes: nothing reads the storage after (the
+            // drop glue of a `ManuallyDrop` does nothing).
+            let block = unsafe { ManuallyDrop::take(block) };
+            match block.chunk.shared.upgrade() {
+                Some(shared) => shared.give_back(block),
+                None => drop(block), // the pool is gone: released with its chunk
             }
         }
     }
@@ -843,6 +904,11 @@ mod tests {
             assert_eq!(class_index(size), index);
         }
         assert_eq!(class_size_of(class_index(MAX_CLASS)), MAX_CLASS);
+        let lens = (0..4096).chain((12..31).flat_map(|k| [(1 << k) - 1, 1 << k, (1 << k) + 1, 5 << (k - 2)]));
+        for len in lens.chain((1..(1 << 22)).step_by(4099)) {
+            let size = class_size(len.max(1));
+            assert_eq!(class_of(len), (size, class_index(size)), "{len}");
+        }
     }
 
     #[test]
@@ -1009,6 +1075,7 @@ mod tests {
         let Storage::Pooled(block) = std::mem::replace(&mut buf.storage, Storage::Heap(Vec::new())) else {
             unreachable!("a pool buffer")
         };
+        let block = ManuallyDrop::into_inner(block);
         let class = class_index(block.size);
         pool.close();
         assert!(pool.counters().registered_bytes > 0, "the block keeps its chunk");
@@ -1016,6 +1083,98 @@ mod tests {
         pool.shared.recheck_closed(class);
         assert_eq!(pool.counters().registered_bytes, 0, "released, not kept idle");
         assert!(pool.shared.snapshot.load().is_empty());
+    }
+
+    /// Threads allocating new chunks (so making free lists and pushing fresh blocks) and freeing
+    /// while the pool closes: nothing stays idle, whichever comes first (bounded rounds).
+    #[test]
+    fn a_pool_closed_while_chunks_are_made_keeps_nothing() {
+        for round in 0..40 {
+            let pool = MemPool::heap(PoolLimits::default());
+            let start = Arc::new(std::sync::Barrier::new(3));
+            let workers: Vec<_> = (0..2)
+                .map(|t| {
+                    let (pool, start) = (pool.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        for i in 0..60 {
+                            // A different class each time: first uses race the close.
+                            let len = 600 + (i * 2 + t) * 700;
+                            drop(pool.alloc(len).unwrap());
+                        }
+                    })
+                })
+                .collect();
+            start.wait();
+            for _ in 0..round * 300 {
+                std::hint::spin_loop();
+            }
+            pool.close();
+            for w in workers {
+                w.join().unwrap();
+            }
+            let c = pool.counters();
+            assert_eq!((c.registered_bytes, c.pooled_bytes), (0, 0), "round {round}: {c:?}");
+            assert_eq!(c.allocs, 120, "round {round}");
+        }
+    }
+
+    /// A registrar that counts live registrations, to see that everything is released.
+    struct Counting(Arc<AtomicUsize>);
+
+    struct Live(Arc<AtomicUsize>);
+
+    impl Drop for Live {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Registrar for Counting {
+        unsafe fn register(&self, _: NonNull<u8>, _: usize) -> Result<Registration, TransportError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(Registration { keys: Keys { lkey: 1, rkey: 2 }, guard: Some(Box::new(Live(self.0.clone()))) })
+        }
+        fn registers(&self) -> bool {
+            true
+        }
+    }
+
+    /// A pool dropped without `close`, with buffers idle and in use (freed on other threads
+    /// afterwards): every chunk is deregistered and the pool itself freed.
+    #[test]
+    fn a_pool_dropped_without_close_frees_everything() {
+        for round in 0..20 {
+            let live = Arc::new(AtomicUsize::new(0));
+            let pool = MemPool::with_registrar(Box::new(Counting(live.clone())), PoolLimits::default());
+            let gone = Arc::downgrade(&pool.shared);
+            let mut bufs: Vec<Buf> =
+                (0..300).map(|i| pool.alloc([100, 3000, 2 << 20][i % 3]).unwrap()).collect();
+            bufs.truncate(150); // half of them idle in the pool
+            assert!(live.load(Ordering::Relaxed) > 0);
+            let halves: Vec<Vec<Buf>> = vec![bufs.split_off(75), bufs];
+            let start = Arc::new(std::sync::Barrier::new(3));
+            let freers: Vec<_> = halves
+                .into_iter()
+                .map(|mine| {
+                    let start = start.clone();
+                    std::thread::spawn(move || {
+                        start.wait();
+                        drop(mine);
+                    })
+                })
+                .collect();
+            start.wait();
+            for _ in 0..round * 200 {
+                std::hint::spin_loop();
+            }
+            drop(pool);
+            for f in freers {
+                f.join().unwrap();
+            }
+            assert_eq!(live.load(Ordering::Relaxed), 0, "round {round}: a chunk stayed registered");
+            assert_eq!(gone.strong_count(), 0, "round {round}: the pool was not freed");
+        }
     }
 
     #[test]
