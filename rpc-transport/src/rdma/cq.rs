@@ -4,9 +4,10 @@
 //! registered with tokio ([`AsyncFd`]). [`CqPoller::poll`] does, in order:
 //!
 //! 1. poll the CQ (at most `budget` completions: bounded work per wake-up), unless it is armed
-//!    and was found empty since the arming: then any completion since raised an event, and
-//!    looking would find nothing (a poll of an empty CQ is not free: a lock and a call into
-//!    the provider, several times per call when every round of the driver looked);
+//!    and was found empty since the arming (then any completion since raised an event, and
+//!    looking would find nothing), or the previous poll's look emptied it (then arm first and
+//!    look once after). A poll of an empty CQ is not free: a lock and a call into the provider,
+//!    several times per call when every round of the driver looked;
 //! 2. if that found nothing and the busy-poll window ([`RdmaConfig::busy_poll`]) is open, wake our
 //!    own task and return `Pending`: the runtime runs every other ready task (the caller, the
 //!    handler: whose work ends the wait) and polls us again at once. The window opens at the
@@ -17,10 +18,10 @@
 //!    landed between the empty poll and the arming raises no event);
 //! 4. wait for the channel fd: on readiness take the event (`ibv_get_cq_event`; an armed CQ raises
 //!    one, and the channel is this CQ's alone), acknowledge events in batches
-//!    (`ibv_ack_cq_events`), and go back to 1. Without busy-polling the CQ is armed again
-//!    first (after the fd's readiness was cleared, so that an event this arming raises is never
-//!    cleared unseen), as verbs' own event loop does: one look then takes what the event
-//!    announced. With busy-polling it stays disarmed while the window spins.
+//!    (`ibv_ack_cq_events`), and go back to 1 (the CQ is disarmed again). What the event
+//!    announced is handed on first; the CQ is armed at the next poll (a system call on rxe: in
+//!    the VM, arming before the look cost a 32 B round trip about 6%), after the fd's readiness
+//!    was cleared, so that an event the arming raises is never cleared unseen.
 //!
 //! No timer papers over a missed wake-up: the arm-then-poll order makes one impossible. All taken
 //! events are acknowledged before the CQ can be destroyed (in `Drop`), as `ibv_destroy_cq` would
@@ -57,6 +58,10 @@ pub(crate) struct CqPoller {
     /// landed, or the last look stopped at its budget): look before waiting on the channel.
     /// False only while armed and found empty since the arming.
     must_drain: bool,
+    /// The last poll's look returned completions and found the CQ empty after them: the next
+    /// poll arms (or spins) before looking, instead of spending a look that would find the CQ
+    /// empty again.
+    emptied: bool,
     unacked: u32,
     wcs: Vec<WorkCompletion>,
     busy_poll: Duration,
@@ -92,6 +97,7 @@ impl CqPoller {
             channel,
             armed: false,
             must_drain: true,
+            emptied: false,
             unacked: 0,
             wcs: vec![sys::empty_wc(); POLL_BATCH],
             busy_poll: cfg.busy_poll,
@@ -115,8 +121,11 @@ impl CqPoller {
         mut on_wc: impl FnMut(&WorkCompletion),
     ) -> Poll<io::Result<usize>> {
         let budget = budget.max(1);
+        // The last look emptied the CQ (and returned what it found): arm before looking again,
+        // not after an empty look (see `emptied`).
+        let mut skip_look = std::mem::take(&mut self.emptied);
         loop {
-            if self.must_drain {
+            if self.must_drain && !skip_look {
                 let n = self.drain(budget, &mut on_wc)?;
                 if n < budget && self.armed {
                     // Empty at the end of this look, and armed since before it: whatever lands
@@ -127,9 +136,11 @@ impl CqPoller {
                     // Completions keep coming: the next empty poll opens a new window.
                     self.spin_since = None;
                     self.window_spent = false;
+                    self.emptied = n < budget;
                     return Poll::Ready(Ok(n));
                 }
             }
+            skip_look = false;
             if !self.armed {
                 if self.spinning() {
                     self.spins += 1;
@@ -149,18 +160,13 @@ impl CqPoller {
                     let event = sys::get_cq_event(guard.get_inner())?;
                     guard.clear_ready();
                     if event {
+                        // Look first, arm later: what the event announced is handed on before
+                        // the arming (a system call on rxe) is paid.
                         self.unacked += 1;
                         self.armed = false;
                         self.must_drain = true;
                         if self.unacked >= ACK_BATCH {
                             self.ack_events();
-                        }
-                        if self.busy_poll.is_zero() {
-                            // Arm before looking, as verbs' own event loop does: one look then
-                            // takes what the event announced and anything before the arming.
-                            // (Armed only after readiness was cleared: an event raised by this
-                            // arming is never cleared unseen.)
-                            self.arm()?;
                         }
                     }
                 }
