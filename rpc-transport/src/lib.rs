@@ -445,6 +445,9 @@ pub struct TransportCounters {
     /// SENDs the caller wrote to the socket itself, the writer task being idle (tcp); also
     /// counted in `sends`.
     pub sends_direct: u64,
+    /// Zero-length RDMA WRITEs sent while waiting for the peer's hello (rdma over iWARP,
+    /// connecting side: see `RdmaConfig::hello_nudge_after`).
+    pub hello_nudges: u64,
 }
 
 impl TransportCounters {
@@ -470,6 +473,7 @@ impl TransportCounters {
         out.reads_served_from_push += other.reads_served_from_push;
         out.sends_unsignaled += other.sends_unsignaled;
         out.sends_direct += other.sends_direct;
+        out.hello_nudges += other.hello_nudges;
         out
     }
 }

@@ -194,6 +194,7 @@ mod verbs {
         small_sends_go_unsignaled,
         reads_across_page_boundaries,
         busy_poll_window_spins_then_sleeps,
+        late_hello_is_nudged_harmlessly,
     );
 }
 
@@ -920,4 +921,38 @@ async fn busy_poll_window_spins_then_sleeps() {
         long > 2 * short,
         "the 2 ms window closed: {short} spins, against {long} spinning the whole wait"
     );
+}
+
+/// A server slow to answer the hello: on iWARP the client nudges it (zero-length RDMA WRITEs,
+/// the workaround for siw leaving a first message unread) exactly `HELLO_NUDGES` times, and the
+/// connection is as if nothing happened: no receive taken, no credit lost, messages flow both
+/// ways in order. On RoCE nothing is sent.
+async fn late_hello_is_nudged_harmlessly() {
+    let addr = next_addr();
+    let mut server_cfg = RdmaConfig::from_env();
+    server_cfg.hello_delay = Duration::from_millis(600);
+    let mut l = rdma::listen_with(addr, params(4, 256), server_cfg).expect("listen");
+    let mut client_cfg = RdmaConfig::from_env();
+    client_cfg.hello_nudge_after = Duration::from_millis(20); // nudges at ~20, 60 and 140 ms
+    let (c, s) = within("connection setup with a late hello", async {
+        tokio::join!(rdma::connect_with(addr, params(4, 256), client_cfg), l.accept_rdma())
+    })
+    .await;
+    let (mut client, mut server) = (c.expect("connect"), s.expect("accept"));
+    let expected = if iwarp() { u64::from(rdma::HELLO_NUDGES) } else { 0 };
+    assert_eq!(client.counters().hello_nudges, expected, "nudges sent");
+    assert_eq!(client.info().peer_recv_depth, 4, "a nudge costs no credit");
+    // Every one of the server's 4 receives is still there: 4 messages back to back, then 4 back.
+    for i in 0..4u64 {
+        send_ok(&mut client, i, format!("to server {i}").as_bytes()).await;
+    }
+    for i in 0..4u64 {
+        assert_eq!(recv(&mut server).await, format!("to server {i}").as_bytes());
+    }
+    for i in 0..4u64 {
+        send_ok(&mut server, i, format!("to client {i}").as_bytes()).await;
+        assert_eq!(recv(&mut client).await, format!("to client {i}").as_bytes());
+    }
+    let sc = server.counters();
+    assert_eq!((sc.recvs, sc.recv_unexpected), (4, 0), "the nudges reached no receive");
 }

@@ -64,8 +64,9 @@ record() {
 }
 
 # run_step LOG CMD...: CMD under the step timeout, output to LOG; sets STEP_STATUS and STEP_SECS.
-# A step that fails (not one that times out) is run once more: siw0 has a known intermittent
-# connection-setup failure ("work request failed: flushed" before the hello). The first attempt's log
+# A step that fails (not one that times out) is run once more: siw0 had an intermittent
+# connection-setup failure ("work request failed: flushed" before the hello: a siw race, now
+# worked around by `RdmaConfig::hello_nudge_after`; the retry stays as a guard). The first attempt's log
 # is kept as LOG.first-attempt and the step is listed as FLAKY in the summary, never passed silently;
 # a step that fails twice fails the suite.
 run_step() {

@@ -53,6 +53,23 @@ pub struct RdmaConfig {
     /// RNR retry count (0..=7, 7 = forever). A SEND that finds no receive posted at the peer is
     /// retried this many times, then fails the connection (and counts `recv_unexpected`).
     pub rnr_retry_count: u8,
+    /// iWARP only: how long the connecting side waits for the peer's hello after sending its
+    /// own before it sends a *nudge* (a zero-length RDMA WRITE), default 250 ms; then twice as
+    /// long before the next, at most [`HELLO_NUDGES`](super::HELLO_NUDGES) nudges.
+    /// `Duration::ZERO`: never.
+    ///
+    /// Why: soft-iWARP (siw) hands the accepting side's socket to its QP only after the MPA
+    /// reply went out; a first message that arrives in between stays unread (no new wake-up
+    /// comes for it), and both sides then wait for each other's hello until the accepting
+    /// side's handshake timeout (seen in 1 connect in 50 to 300 in the project's VM). Any later
+    /// frame makes siw read the socket. A zero-length WRITE takes none of the peer's receives,
+    /// gives it no completion, and its key is not checked (RFC 6581's ready-to-receive message).
+    /// Costs nothing unless the hello is late. Counted in `TransportCounters::hello_nudges`.
+    pub hello_nudge_after: Duration,
+    /// Testing only: the accepting side waits this long before it answers the peer's hello
+    /// (a slow peer, to exercise `hello_nudge_after`). Default zero.
+    #[doc(hidden)]
+    pub hello_delay: Duration,
     /// Testing only: the connecting side completes the rdma_cm exchange, then never sends its
     /// hello (a silent peer, as the listener's bounds must survive). `connect_with` then fails
     /// when the listener gives up on it, or at `setup_timeout`. Default `false`.
@@ -76,6 +93,8 @@ impl Default for RdmaConfig {
             setup_timeout: Duration::from_secs(30),
             retry_count: 7,
             rnr_retry_count: 6,
+            hello_nudge_after: Duration::from_millis(250),
+            hello_delay: Duration::ZERO,
             silent_after_connect: false,
         }
     }

@@ -151,6 +151,9 @@ pub struct RdmaConnection {
     pub(super) pooled_regions: HashMap<RegionDesc, Bytes>,
     pub(super) ready: VecDeque<Completion>,
     pub(super) peer_hello: Option<Result<Hello, TransportError>>,
+    /// Hello nudges (zero-length RDMA WRITEs) this side sent while connecting, at most
+    /// `HELLO_NUDGES`.
+    pub(super) nudges_sent: u32,
     pub(super) failed: Option<String>,
     /// The failure was a peer's message that broke the rules (reported as `Malformed`).
     pub(super) malformed: bool,
@@ -415,6 +418,7 @@ impl Connection for RdmaConnection {
         c.mr_registrations += pool.registrations;
         c.mr_deregistrations += pool.deregistrations;
         c.busy_poll_spins = self.cq.spins();
+        c.hello_nudges = u64::from(self.nudges_sent);
         c
     }
 

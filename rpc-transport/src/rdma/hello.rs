@@ -6,7 +6,10 @@
 //! extra receive for it ahead of its `recv_depth` receives, so the hello never consumes a
 //! receive the protocol's credits count on. The active side sends first; the passive side answers
 //! after it got the active side's hello (which also satisfies iWARP's rule that the initiator
-//! sends the first message).
+//! sends the first message). On iWARP, if the peer's hello is slow to come, the active side
+//! sends up to [`HELLO_NUDGES`] zero-length RDMA WRITEs (see
+//! [`super::RdmaConfig::hello_nudge_after`]: works around soft-iWARP leaving a first message
+//! unread); they take no receive and no credit.
 //!
 //! Layout (little endian): magic `b"RPCRDMA1"`, `recv_depth: u32`, `recv_size: u32`,
 //! `max_dest_rd_atomic: u32` (READs this side serves at once), `max_rd_atomic: u32` (READs this
@@ -27,6 +30,9 @@ const MAGIC: &[u8; 8] = b"RPCRDMA1";
 const FIXED_LEN: usize = 8 + 4 * 4 + 2;
 /// Largest encoded hello; the hello receive slot is at least this large.
 pub(crate) const HELLO_MAX: usize = FIXED_LEN + MAX_PRIVATE_DATA;
+/// Most zero-length RDMA WRITEs (*nudges*, see [`super::RdmaConfig::hello_nudge_after`]) a
+/// connecting iWARP side sends while it waits for the peer's hello.
+pub const HELLO_NUDGES: u32 = 3;
 /// Largest READ depth a hello may announce: `max_rd_atomic` / `max_dest_rd_atomic` are `u8`
 /// attributes of a verbs QP.
 pub(crate) const MAX_RD_ATOMIC: u32 = 255;

@@ -73,6 +73,7 @@ mod sys;
 pub use config::{RdmaConfig, ENV_BUSY_POLL_US, ENV_DEVICE, ENV_GID_INDEX, ENV_PORT};
 pub use conn::RdmaConnection;
 pub use error::RdmaError;
+pub use hello::HELLO_NUDGES;
 pub use inspect::inspect_devices;
 pub use listener::{listen, listen_with, RdmaListener};
 pub use setup::{connect, connect_with};

@@ -159,6 +159,23 @@ impl RdmaConnection {
         self.check_alive()
     }
 
+    /// Sends a hello nudge (see `RdmaConfig::hello_nudge_after`): a zero-length RDMA WRITE,
+    /// which puts a frame on the wire but neither takes a receive of the peer's nor gives it a
+    /// completion, and whose key the peer does not check (RFC 6581 uses the same message as its
+    /// ready-to-receive signal, and siw sends it with key 1, as here).
+    pub(super) fn post_nudge(&mut self) -> Result<(), TransportError> {
+        if self.qp.is_none() {
+            return Err(TransportError::Disconnected("queue pair destroyed".into()));
+        }
+        let seq = self.next_seq();
+        let key = self.insert_signaled(Op::Send { wr_id: None, buf: SendSource::None, seq });
+        let op = SendOp::Write { remote_addr: 0, rkey: 1 };
+        let wr = SendWr { wr_id: key, op, signaled: true, sge: None };
+        self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
+        self.flush_sq();
+        self.check_alive()
+    }
+
     /// Registers the destination, splits the READ into chunks and queues them.
     pub(super) fn start_read(
         &mut self,

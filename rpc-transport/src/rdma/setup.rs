@@ -29,7 +29,7 @@ use super::conn::{Limits, RdmaConnection};
 use super::cq::CqPoller;
 use super::device::{self, DeviceFacts};
 use super::error::{chain, verbs, RdmaError};
-use super::hello::{Hello, HELLO_MAX, MAX_RD_ATOMIC};
+use super::hello::{Hello, HELLO_MAX, HELLO_NUDGES, MAX_RD_ATOMIC};
 use super::slab::Slab;
 use super::sys::{self, ConnParamFields};
 use crate::{ConnInfo, ConnParams, Connection, KeyPolicy, MemPool, TransportError};
@@ -120,7 +120,7 @@ async fn active_setup(
     if !cfg.silent_after_connect {
         conn.post_hello(&ours.encode())?;
     }
-    let theirs = conn.wait_hello().await?;
+    let theirs = if facts.iwarp { conn.wait_hello_nudging(cfg).await? } else { conn.wait_hello().await? };
     conn.finish_setup(&ours, theirs, &facts);
     Ok(conn)
 }
@@ -231,6 +231,7 @@ fn build_connection(
         pooled_regions: HashMap::new(),
         ready: VecDeque::new(),
         peer_hello: None,
+        nudges_sent: 0,
         failed: None,
         malformed: false,
         error_reported: false,
@@ -357,6 +358,23 @@ impl RdmaConnection {
         .await
     }
 
+    /// The active side's wait for the peer's hello on iWARP: after `hello_nudge_after` without
+    /// it, a nudge, then again after twice as long, at most `HELLO_NUDGES` times (see
+    /// [`RdmaConfig::hello_nudge_after`]); counted in `nudges_sent`.
+    async fn wait_hello_nudging(&mut self, cfg: &RdmaConfig) -> Result<Hello, TransportError> {
+        let mut wait = cfg.hello_nudge_after;
+        while !wait.is_zero() && self.nudges_sent < HELLO_NUDGES && !cfg.silent_after_connect {
+            if let Ok(hello) = tokio::time::timeout(wait, self.wait_hello()).await {
+                return hello;
+            }
+            tracing::debug!(peer = %self.info.peer, after = ?wait, "no hello from the peer yet: nudging it");
+            self.post_nudge()?;
+            self.nudges_sent += 1;
+            wait = wait.saturating_mul(2);
+        }
+        self.wait_hello().await
+    }
+
     /// Records what the peer told us.
     pub(super) fn finish_setup(&mut self, ours: &Hello, theirs: Hello, facts: &DeviceFacts) {
         let max_reads = ours.max_rd_atomic.min(theirs.max_dest_rd_atomic).max(1);
@@ -419,6 +437,9 @@ pub(super) async fn passive_setup(
     }
     let theirs = conn.wait_hello().await?;
     let ours = conn.local_hello(params, &facts);
+    if !cfg.hello_delay.is_zero() {
+        tokio::time::sleep(cfg.hello_delay).await;
+    }
     conn.post_hello(&ours.encode())?;
     conn.finish_setup(&ours, theirs, &facts);
     Ok(conn)

@@ -58,6 +58,9 @@ pub(crate) enum SendOp {
     Send { inline: bool },
     /// An RDMA READ into the SGE from the peer's `remote_addr` (key `rkey`).
     Read { remote_addr: u64, rkey: u32 },
+    /// An RDMA WRITE of the SGE's bytes to the peer's `remote_addr` (key `rkey`); only used with
+    /// no SGE (zero length, the hello nudge).
+    Write { remote_addr: u64, rkey: u32 },
 }
 
 /// A send-queue work request as plain data (no pointers), turned into an `ibv_send_wr` by
@@ -130,6 +133,11 @@ pub(crate) unsafe fn post_send<'a>(
             }
             SendOp::Read { remote_addr, rkey } => {
                 r.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+                r.wr.rdma.remote_addr = remote_addr;
+                r.wr.rdma.rkey = rkey;
+            }
+            SendOp::Write { remote_addr, rkey } => {
+                r.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
                 r.wr.rdma.remote_addr = remote_addr;
                 r.wr.rdma.rkey = rkey;
             }
