@@ -53,6 +53,7 @@ impl FutureSlot<'_> {
     /// server polls it with the call's [`Context`](crate::Context) as
     /// [`context::current()`](crate::context::current) and catches its panics (answered as a
     /// `Handler` error).
+    #[inline(always)]
     pub fn put<F>(self, future: F) -> ServiceFuture
     where
         F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,
@@ -115,6 +116,7 @@ impl HandlerBoxes {
     }
 
     /// `future` in an empty box of its layout, or in a new one.
+    #[inline(always)]
     fn place<F>(&mut self, future: F) -> ServiceFuture
     where
         F: Future<Output = Caught> + Send + 'static,
