@@ -60,9 +60,7 @@ impl FutureSlot<'_> {
     {
         // `fuse`: the handler's captures, context and pool are dropped as soon as it finishes,
         // not when its box is next used.
-        let handler = AssertUnwindSafe(crate::codec::pool_scope(self.pool, self.ctx.scope(future)))
-            .catch_unwind()
-            .fuse();
+        let handler = AssertUnwindSafe(self.ctx.scope(self.pool, future)).catch_unwind().fuse();
         self.boxes.place(handler)
     }
 }
