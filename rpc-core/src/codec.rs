@@ -31,30 +31,23 @@ fn config() -> bincode::config::Configuration {
 }
 
 tokio::task_local! {
-    /// The pool of the connection a server handler answers on: [`encode`] writes there.
+    /// The pool [`with_pool`] sets ([`encode`] writes there).
     static POOL: MemPool;
 }
 
-/// Runs `fut` with `pool` as the pool [`encode`] writes into (the server runs each handler so,
-/// with its connection's pool).
+/// Runs `fut` with `pool` as the pool [`encode`] writes into (the server runs each handler with
+/// its connection's pool; this sets another, in a handler too).
 pub fn with_pool<F: std::future::Future>(
     pool: MemPool,
     fut: F,
 ) -> impl std::future::Future<Output = F::Output> {
-    pool_scope(pool, fut)
-}
-
-/// [`with_pool`], as a type the server can name (it keeps handler futures in a reused box).
-pub(crate) fn pool_scope<F: std::future::Future>(
-    pool: MemPool,
-    fut: F,
-) -> tokio::task::futures::TaskLocalFuture<MemPool, F> {
     POOL.scope(pool, fut)
 }
 
-/// Inside a server handler: the pool of the connection it answers on.
+/// Inside a server handler: the pool of the connection it answers on (or the one
+/// [`with_pool`] set around the code running).
 pub fn current_pool() -> Option<MemPool> {
-    POOL.try_with(MemPool::clone).ok()
+    POOL.try_with(MemPool::clone).ok().or_else(crate::context::handler_pool)
 }
 
 /// Encodes a value into a buffer of exactly its encoded size (measured in a first pass, so the
@@ -75,9 +68,9 @@ fn encode_sized<T: Serialize + ?Sized>(value: &T, size: usize) -> Result<Bytes, 
         // would cost an allocation to freeze.
         return arena::write_local(size, |buf| write_into(value, buf));
     }
-    match POOL.try_with(MemPool::clone) {
-        Ok(pool) => encode_sized_in(&pool, value, size),
-        Err(_) => {
+    match current_pool() {
+        Some(pool) => encode_sized_in(&pool, value, size),
+        None => {
             if size <= arena::SMALL {
                 return arena::write_local(size, |buf| write_into(value, buf));
             }

@@ -335,24 +335,39 @@ impl Context {
         self.inner.metadata.get(TRACE_ID_KEY)
     }
 
-    /// Runs `fut` with this context as [`current()`].
+    /// Runs `fut` (a handler) with this context as [`current()`] and `pool` as the pool
+    /// [`crate::codec::encode`] writes into: one task-local scope for both (entered and left at
+    /// each poll), not two.
     pub(crate) fn scope<F: std::future::Future>(
         self,
+        pool: rpc_transport::MemPool,
         fut: F,
-    ) -> tokio::task::futures::TaskLocalFuture<Context, F> {
-        CURRENT.scope(self, fut)
+    ) -> tokio::task::futures::TaskLocalFuture<Handler, F> {
+        CURRENT.scope(Handler { ctx: self, pool }, fut)
     }
 }
 
+/// What a server handler runs with: its call's context and its connection's pool.
+#[derive(Debug)]
+pub(crate) struct Handler {
+    ctx: Context,
+    pool: rpc_transport::MemPool,
+}
+
 tokio::task_local! {
-    static CURRENT: Context;
+    static CURRENT: Handler;
+}
+
+/// Inside a server handler: the pool of the connection it answers on.
+pub(crate) fn handler_pool() -> Option<rpc_transport::MemPool> {
+    CURRENT.try_with(|h| h.pool.clone()).ok()
 }
 
 /// The context of the call the current task serves: `Some` inside a handler run by
 /// [`Server`](crate::Server), `None` elsewhere (including tasks the handler spawns: pass them a
 /// clone).
 pub fn current() -> Option<Context> {
-    CURRENT.try_with(Context::clone).ok()
+    CURRENT.try_with(|h| h.ctx.clone()).ok()
 }
 
 /// The current call's context, for handlers that take `ctx: rpc_core::Context` (a detached one,

@@ -53,15 +53,14 @@ impl FutureSlot<'_> {
     /// server polls it with the call's [`Context`](crate::Context) as
     /// [`context::current()`](crate::context::current) and catches its panics (answered as a
     /// `Handler` error).
+    #[inline(always)]
     pub fn put<F>(self, future: F) -> ServiceFuture
     where
         F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,
     {
         // `fuse`: the handler's captures, context and pool are dropped as soon as it finishes,
         // not when its box is next used.
-        let handler = AssertUnwindSafe(crate::codec::pool_scope(self.pool, self.ctx.scope(future)))
-            .catch_unwind()
-            .fuse();
+        let handler = AssertUnwindSafe(self.ctx.scope(self.pool, future)).catch_unwind().fuse();
         self.boxes.place(handler)
     }
 }
@@ -115,6 +114,7 @@ impl HandlerBoxes {
     }
 
     /// `future` in an empty box of its layout, or in a new one.
+    #[inline(always)]
     fn place<F>(&mut self, future: F) -> ServiceFuture
     where
         F: Future<Output = Caught> + Send + 'static,

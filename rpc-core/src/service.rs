@@ -78,6 +78,7 @@ impl Place for Boxed {
 impl Place for FutureSlot<'_> {
     type Placed = ServiceFuture;
 
+    #[inline(always)]
     fn place<F>(self, future: F) -> Self::Placed
     where
         F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,

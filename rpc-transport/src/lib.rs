@@ -67,6 +67,7 @@ pub mod rdma;
 mod received;
 mod send_buf;
 mod soft;
+mod take_each;
 pub mod tcp;
 
 pub use address::{connect, listen, Address};
@@ -74,6 +75,7 @@ pub use error::{Detail, ReadError, SharedError, TransportError};
 pub use pool::{Buf, MemPool, PoolCounters, PoolLimits, CHUNK_BYTES, MAX_CLASS};
 pub use received::Received;
 pub use send_buf::SendBuf;
+pub use take_each::take_each;
 
 /// A boxed, `Send` future, as returned by the object-safe parts of the seam.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -494,10 +496,7 @@ pub trait Connection: Send + fmt::Debug + 'static {
     /// as few calls to the device as it can (rdma: one `ibv_post_recv` per 16). All are posted
     /// when it returns.
     fn post_recv_batch(&mut self, bufs: &mut Vec<RecvBuffer>) -> Result<(), TransportError> {
-        for buf in bufs.drain(..) {
-            self.post_recv(buf)?;
-        }
-        Ok(())
+        take_each(bufs, |buf| self.post_recv(buf))
     }
 
     /// Posts a two-sided SEND of `msg` (at most [`ConnInfo::peer_recv_size`] bytes). The
@@ -510,13 +509,7 @@ pub trait Connection: Send + fmt::Debug + 'static {
     /// what it means for `post_send` (the connection is unusable); the SENDs after the one that
     /// failed are dropped unposted.
     fn post_send_batch(&mut self, sends: &mut Vec<(WrId, SendBuf)>) -> Result<(), TransportError> {
-        let mut result = Ok(());
-        for (wr_id, msg) in sends.drain(..) {
-            if result.is_ok() {
-                result = self.post_send(wr_id, msg);
-            }
-        }
-        result
+        take_each(sends, |(wr_id, msg)| self.post_send(wr_id, msg))
     }
 
     /// The connection's pool of registered memory. Buffers from it are sent, advertised and

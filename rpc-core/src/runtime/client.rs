@@ -10,11 +10,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_transport::{Address, Connection, Detail, MemPool, Received, TransportError};
-use tokio::sync::{mpsc, oneshot, Semaphore, TryAcquireError};
+use std::collections::VecDeque;
+
+use tokio::sync::{oneshot, Semaphore, TryAcquireError};
 use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::call_slots::{CallResult, CallSlots};
+use super::commands;
 use super::config::{CallOptions, ClientConfig, Reconnect};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
@@ -44,9 +47,9 @@ enum Command {
     },
 }
 
-/// One connection: the channel to its driver, the slots of its calls and its in-flight bound.
+/// One connection: the queue to its driver, the slots of its calls and its in-flight bound.
 struct Conn {
-    commands: mpsc::UnboundedSender<Command>,
+    commands: commands::Sender<Command>,
     /// Shared with the driver, which delivers each result into its call's slot.
     slots: Arc<CallSlots>,
     in_flight: Semaphore,
@@ -340,7 +343,7 @@ async fn open(
     let info = conn.info().clone();
     let pool = conn.pool().clone();
     let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
-    let (commands, rx) = mpsc::unbounded_channel();
+    let (commands, rx) = commands::queue();
     let slots = Arc::new(CallSlots::default());
     let proto = ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone());
     let eager_limit = proto.eager_limit();
@@ -348,6 +351,7 @@ async fn open(
         proto,
         conn,
         commands: rx,
+        taken: VecDeque::with_capacity(driver::COMPLETION_BATCH),
         slots: slots.clone(),
         scratch: driver::Scratch::new(),
         sleep: driver::Timer::new(),
@@ -405,7 +409,7 @@ async fn reconnect(
 }
 
 /// Gives back the slot of a call whose future is dropped before it took its result, and sends a
-/// cancel if the call was still in progress. Sending on an unbounded channel never blocks and
+/// cancel if the call was still in progress. Queueing a command never blocks (beyond a short lock) and
 /// spawns nothing.
 struct CancelOnDrop<'a> {
     call_id: u64,
@@ -458,7 +462,9 @@ impl Drop for Finish {
 struct ClientDriver {
     proto: ClientProto,
     conn: Box<dyn Connection>,
-    commands: mpsc::UnboundedReceiver<Command>,
+    commands: commands::Receiver<Command>,
+    /// Commands taken from the queue in one look, run in order.
+    taken: VecDeque<Command>,
     /// Where results go: the slot of each call (the proto knows which calls are in progress).
     slots: Arc<CallSlots>,
     scratch: driver::Scratch,
@@ -469,36 +475,27 @@ struct ClientDriver {
 }
 
 impl ClientDriver {
-    /// Takes commands from the handles. Returns whether any was taken. `armed`: whether an
-    /// earlier round of this poll found the channel empty, which left this task's waker with it
-    /// (a command sent since wakes the task again), so that looking is enough.
+    /// Takes commands from the handles (a batch at a time, in one lock) and runs them. Returns
+    /// whether any was taken. `armed`: whether an earlier round of this poll found the queue
+    /// empty, which left this task's waker with it (a command sent since wakes the task again),
+    /// so that a look at its flag is enough.
     fn poll_commands(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> bool {
-        let mut progressed = false;
-        for _ in 0..driver::COMPLETION_BATCH {
-            let next = match *armed {
-                false => self.commands.poll_recv(cx),
-                true => match self.commands.try_recv() {
-                    Ok(cmd) => Poll::Ready(Some(cmd)),
-                    Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
-                    Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
-                },
-            };
-            match next {
-                Poll::Ready(Some(cmd)) => {
-                    progressed = true;
+        match self.commands.poll_take(cx, driver::COMPLETION_BATCH, &mut self.taken, *armed) {
+            Poll::Ready(true) => {
+                while let Some(cmd) = self.taken.pop_front() {
                     self.run_command(cmd);
                 }
-                Poll::Ready(None) => {
-                    self.closing = true;
-                    break;
-                }
-                Poll::Pending => {
-                    *armed = true;
-                    break;
-                }
+                true
+            }
+            Poll::Ready(false) => {
+                self.closing = true;
+                false
+            }
+            Poll::Pending => {
+                *armed = true;
+                false
             }
         }
-        progressed
     }
 
     fn run_command(&mut self, cmd: Command) {

@@ -1,9 +1,10 @@
 //! The tokio runtime around the protocol core: one driver task per connection (the only owner
 //! of the connection and its state machine, so the hot path takes no locks), client handles that
-//! talk to it over a channel, and a server that runs handlers concurrently.
+//! talk to it over a queue, and a server that runs handlers concurrently.
 
 mod call_slots;
 mod client;
+mod commands;
 mod config;
 mod driver;
 mod handshake;
