@@ -75,6 +75,7 @@ pub use error::{Detail, ReadError, SharedError, TransportError};
 pub use pool::{Buf, MemPool, PoolCounters, PoolLimits, CHUNK_BYTES, MAX_CLASS};
 pub use received::Received;
 pub use send_buf::SendBuf;
+#[doc(hidden)] // for rpc-core's driver; not part of the seam
 pub use take_each::take_each;
 
 /// A boxed, `Send` future, as returned by the object-safe parts of the seam.
