@@ -148,15 +148,7 @@ impl RdmaConnection {
         let len = msg.len();
         self.hello_buf.bytes_mut(0, len).copy_from_slice(msg);
         let sge = Sge { addr: self.hello_buf.addr(0), len: len as u32, lkey: self.hello_buf.lkey() };
-        if self.qp.is_none() {
-            return Err(TransportError::Disconnected("queue pair destroyed".into()));
-        }
-        let seq = self.next_seq();
-        let key = self.insert_signaled(Op::Send { wr_id: None, buf: SendSource::None, seq });
-        let wr = SendWr { wr_id: key, op: SendOp::Send { inline: false }, signaled: true, sge: Some(sge) };
-        self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
-        self.flush_sq();
-        self.check_alive()
+        self.post_setup(SendOp::Send { inline: false }, Some(sge))
     }
 
     /// Sends a hello nudge (see `RdmaConfig::hello_nudge_after`): a zero-length RDMA WRITE,
@@ -164,13 +156,17 @@ impl RdmaConnection {
     /// completion, and whose key the peer does not check (RFC 6581 uses the same message as its
     /// ready-to-receive signal, and siw sends it with key 1, as here).
     pub(super) fn post_nudge(&mut self) -> Result<(), TransportError> {
+        self.post_setup(SendOp::Write { remote_addr: 0, rkey: 1 }, None)
+    }
+
+    /// Posts one signaled setup request (hello or nudge) that no caller waits for, at once.
+    fn post_setup(&mut self, op: SendOp, sge: Option<Sge>) -> Result<(), TransportError> {
         if self.qp.is_none() {
             return Err(TransportError::Disconnected("queue pair destroyed".into()));
         }
         let seq = self.next_seq();
         let key = self.insert_signaled(Op::Send { wr_id: None, buf: SendSource::None, seq });
-        let op = SendOp::Write { remote_addr: 0, rkey: 1 };
-        let wr = SendWr { wr_id: key, op, signaled: true, sge: None };
+        let wr = SendWr { wr_id: key, op, signaled: true, sge };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
         self.flush_sq();
         self.check_alive()
