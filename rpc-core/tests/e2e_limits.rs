@@ -1,5 +1,6 @@
-//! Server-side limits over mem and tcp: handler slots shared fairly between connections, the
-//! connection cap, and counters that keep nothing per closed connection.
+//! Limits over mem and tcp: handler slots shared fairly between connections, the connection cap,
+//! the client's bound on calls in flight (callers beyond it wait, within their deadline), and
+//! counters that keep nothing per closed connection.
 
 mod common;
 
@@ -61,6 +62,57 @@ over_all_transports! {
         drop(second);
         assert_eq!(third.echo(Bytes::from_static(b"3")).await.unwrap(), Bytes::from_static(b"3"));
         assert_eq!(s.server.resources().open_connections, 2);
+    }
+
+    async fn callers_beyond_max_in_flight_wait_for_a_slot(kind: Kind) {
+        let client_cfg = ClientConfig::default().proto(common::proto().max_in_flight(2));
+        let s = setup_with(kind, ServerConfig::default().proto(common::proto()), client_cfg).await;
+        // (The first call of a method on a connection runs alone: learn `slow`'s response size.)
+        assert_eq!(s.client.slow(1).await, Ok(1));
+        let running = || {
+            let p = &s.probe;
+            let started = p.slow_started.load(Ordering::SeqCst);
+            started - p.slow_finished.load(Ordering::SeqCst) - p.slow_dropped.load(Ordering::SeqCst)
+        };
+        // Five slow calls at once: two go out, three wait in the client for a free slot.
+        let calls: Vec<_> = (0..5).map(|_| {
+            let c = s.client.clone();
+            tokio::spawn(async move { c.slow(400).await })
+        }).collect();
+        eventually("two slow handlers run", || running() == 2).await;
+        assert_eq!(s.client.client().stats().await.unwrap().calls_in_flight, 2);
+        // A waiting caller's deadline still holds; it is never sent.
+        let quick = s.client.with_options(CallOptions::new().deadline(Duration::from_millis(100)));
+        assert_eq!(quick.echo(Bytes::from_static(b"late")).await, Err(CallError::DeadlineExceeded));
+        // A waiting caller that gives up takes no slot with it.
+        let given_up = { let c = s.client.clone(); tokio::spawn(async move { c.slow(400).await }) };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        given_up.abort();
+        // Never more than two run, until all five are done (sampled, bounded).
+        let mut done = false;
+        for _ in 0..1_000 {
+            assert!(running() <= 2, "at most max_in_flight calls reach the server");
+            if calls.iter().all(|c| c.is_finished()) {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(done, "the waiting calls were served as slots came free");
+        for c in calls {
+            assert_eq!(c.await.unwrap(), Ok(400));
+        }
+        // Every slot came back: two calls run side by side again.
+        let again: Vec<_> = (0..2).map(|_| {
+            let c = s.client.clone();
+            tokio::spawn(async move { c.slow(300).await })
+        }).collect();
+        eventually("both run at once", || running() == 2).await;
+        for c in again {
+            assert_eq!(c.await.unwrap(), Ok(300));
+        }
+        assert_eq!(s.probe.slow_started.load(Ordering::SeqCst), 1 + 5 + 2, "the late and the abandoned calls were never sent");
+        assert_eq!(s.client.client().stats().await.unwrap().calls_in_flight, 0);
     }
 
     async fn closed_connections_are_folded_into_the_totals(kind: Kind) {
