@@ -8,6 +8,7 @@
 //! the error. A peer that overruns the receive queue by more than `max(recv_depth, 64)` messages
 //! fails the connection as malformed, rather than make it buffer without bound.
 
+mod pending;
 mod regions;
 mod state;
 

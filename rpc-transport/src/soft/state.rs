@@ -1,10 +1,11 @@
 //! The state of one software endpoint, always used under its mutex.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 
+use super::pending::PendingOps;
 use super::regions::RegionTable;
 use super::{Death, OpId};
 use crate::{
@@ -41,8 +42,8 @@ pub(super) struct State {
     waker: Option<Waker>,
     /// Set when a completion was queued or the endpoint died: the waker must be woken.
     notify: bool,
-    /// Pending operations by id; ids grow, so iteration is in posting order.
-    pending: BTreeMap<OpId, Pending>,
+    /// Pending operations by id, in posting order.
+    pending: PendingOps<Pending>,
     next_op: OpId,
     pub(super) regions: RegionTable,
     pub(super) counters: TransportCounters,
@@ -61,7 +62,7 @@ impl State {
             cq: VecDeque::new(),
             waker: None,
             notify: false,
-            pending: BTreeMap::new(),
+            pending: PendingOps::default(),
             next_op: 1,
             regions: RegionTable::default(),
             counters,
@@ -96,7 +97,7 @@ impl State {
         }
         self.posted.clear();
         self.overflow.clear();
-        for (_, op) in std::mem::take(&mut self.pending) {
+        for op in self.pending.take_all() {
             let flushed = match op {
                 Pending::Send(wr_id) => {
                     Completion::Send { wr_id, result: Err(TransportError::Disconnected(death.detail())) }
@@ -167,7 +168,7 @@ impl State {
     fn new_op(&mut self, op: Pending) -> OpId {
         let id = self.next_op;
         self.next_op += 1;
-        self.pending.insert(id, op);
+        self.pending.push(id, op);
         id
     }
 
@@ -195,9 +196,9 @@ impl State {
     }
 
     pub(super) fn complete_send(&mut self, op: OpId, result: Result<(), TransportError>) {
-        if let Some(Pending::Send(wr_id)) = self.pending.get(&op) {
+        if let Some(Pending::Send(wr_id)) = self.pending.get(op) {
             let wr_id = *wr_id;
-            self.pending.remove(&op);
+            self.pending.remove(op);
             self.push(Completion::Send { wr_id, result });
         }
     }
@@ -224,26 +225,26 @@ impl State {
     fn report_done_reads(&mut self) {
         loop {
             let first = self.pending.iter_mut().find(|(_, p)| matches!(p, Pending::Read { .. }));
-            let Some((&op, Pending::Read { wr_id, done, .. })) = first else { return };
+            let Some((op, Pending::Read { wr_id, done, .. })) = first else { return };
             let Some(data) = done.take() else { return };
             let wr_id = *wr_id;
-            self.pending.remove(&op);
+            self.pending.remove(op);
             self.counters.bytes_read += data.len() as u64;
             self.push(Completion::Read { wr_id, result: Ok(data) });
         }
     }
 
     pub(super) fn take_read(&mut self, op: OpId) -> Option<(RegionDesc, Buf)> {
-        match self.pending.get_mut(&op) {
+        match self.pending.get_mut(op) {
             Some(Pending::Read { remote, dst, .. }) => dst.take().map(|d| (*remote, d)),
             _ => None,
         }
     }
 
     pub(super) fn complete_read(&mut self, op: OpId, result: Result<Buf, ReadError>) {
-        if let Some(Pending::Read { wr_id, .. }) = self.pending.get(&op) {
+        if let Some(Pending::Read { wr_id, .. }) = self.pending.get(op) {
             let wr_id = *wr_id;
-            self.pending.remove(&op);
+            self.pending.remove(op);
             let ok = result.is_ok();
             if let Ok(bytes) = &result {
                 self.counters.bytes_read += bytes.len() as u64;

@@ -230,7 +230,7 @@ impl Connection for TcpConnection {
         }
         let op = self.soft.begin_send(wr_id)?;
         if self.direct_unpolled {
-            self.queue(Outgoing::Send { op, msg: msg.into_bytes() });
+            self.queue(Outgoing::Send { op, msg });
             return Ok(());
         }
         // The writer idle: written here, one system call, no task woken.

@@ -76,7 +76,7 @@ impl Outbox {
             Some(s) if !*busy && msg.len() <= DIRECT_MAX => s,
             _ => {
                 *busy = true;
-                let _ = self.inner.tx.send(Outgoing::Send { op, msg: msg.into_bytes() });
+                let _ = self.inner.tx.send(Outgoing::Send { op, msg });
                 return Direct::Queued;
             }
         };
@@ -88,11 +88,13 @@ impl Outbox {
             return Direct::Written;
         }
         *busy = true;
-        // Left for the writer: frozen (it may outlive this call in the writer's queue).
+        if written == 0 {
+            let _ = self.inner.tx.send(Outgoing::Send { op, msg });
+            return Direct::Queued;
+        }
+        // The rest, for the writer: frozen (it may outlive this call in the writer's queue).
         let msg = msg.into_bytes();
-        let frame = if written == 0 {
-            Outgoing::Send { op, msg }
-        } else if written < header.len() {
+        let frame = if written < header.len() {
             Outgoing::SendRest { op, head: Bytes::copy_from_slice(&header[written..]), body: msg }
         } else {
             Outgoing::SendRest { op, head: Bytes::new(), body: msg.slice(written - header.len()..) }

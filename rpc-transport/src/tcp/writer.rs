@@ -14,13 +14,14 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use super::outbox::Outbox;
 use super::wire;
 use crate::soft::{Death, OpId, Soft};
-use crate::{RKey, RegionDesc};
+use crate::{RKey, RegionDesc, SendBuf};
 
 /// A frame waiting for the writer.
 #[derive(Debug)]
 pub(crate) enum Outgoing {
-    /// Our SEND; its completion is queued once the frame is written.
-    Send { op: OpId, msg: Bytes },
+    /// Our SEND; its completion is queued once the frame is written. A small one is copied
+    /// into the batch and its buffer goes back to the pool at once (never frozen into `Bytes`).
+    Send { op: OpId, msg: SendBuf },
     /// The rest of our SEND after a partial direct write: what is left of its header, then of its
     /// payload.
     SendRest { op: OpId, head: Bytes, body: Bytes },
@@ -132,7 +133,11 @@ impl Batch {
             Outgoing::Send { op, msg } => {
                 // `post_send` checked the length against the peer's recv_size, a u32.
                 self.copy(&wire::encode_send(msg.len() as u32));
-                self.payload(&msg);
+                if msg.len() < COPY_BELOW {
+                    self.copy(&msg);
+                } else {
+                    self.pieces.push(Piece::Shared(msg.into_bytes()));
+                }
                 self.sends.push(op);
             }
             Outgoing::SendRest { op, head, body } => {
