@@ -1,7 +1,7 @@
 //! Deadlines of calls in progress, ordered by expiry; time is passed in by the caller.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
 /// The earlier of two times, either of which may be absent (`None`: neither is set).
@@ -14,60 +14,92 @@ pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant
     }
 }
 
-/// A min-heap of `(expiry, call id)`. Entries of calls that finished early stay until they reach
-/// the top, where [`DeadlineQueue::next`] and [`DeadlineQueue::expired`] skip them, or until
-/// [`DeadlineQueue::push_pruned`] finds the heap more than twice as large as what is live: then
-/// the dead entries are dropped, so a peer's call rate times its deadlines cannot grow the heap
-/// (amortized O(1) per push).
+/// Expiries of calls, `(expiry, call id)`, earliest first. Entries of calls that finished early
+/// stay until they come first, where [`DeadlineQueue::next`] and [`DeadlineQueue::expired`] skip
+/// them, or until [`DeadlineQueue::push_pruned`] finds more than twice as many entries as what
+/// is live: then the dead entries are dropped, so a peer's call rate times its deadlines cannot
+/// grow the queue (amortized O(1) per push).
+///
+/// Calls made with the same timeout expire in the order they started, so most entries arrive in
+/// order: those go to the back of a deque (O(1) to add and to take, where a heap paid O(log n) for
+/// each, about 400 instructions per call at 64 calls in flight). An entry earlier than the
+/// deque's last goes to a min-heap instead; the earliest entry is the earlier of the two fronts.
 #[derive(Debug, Default)]
 pub(crate) struct DeadlineQueue {
+    /// Entries added in non-decreasing order of expiry.
+    ordered: VecDeque<(Instant, u64)>,
+    /// Entries that came out of order.
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
 }
 
 impl DeadlineQueue {
-    /// Adds an entry; when the heap holds more than `2 * live + 64` entries, keeps only those
+    /// Adds an entry; when the queue holds more than `2 * live + 64` entries, keeps only those
     /// for which `is_live(id, at)` holds, and the one just added.
     pub fn push_pruned(&mut self, at: Instant, id: u64, live: usize, is_live: impl Fn(u64, Instant) -> bool) {
-        self.heap.push(Reverse((at, id)));
-        if self.heap.len() > 2 * live + 64 {
+        match self.ordered.back() {
+            Some(&(last, _)) if last > at => self.heap.push(Reverse((at, id))),
+            _ => self.ordered.push_back((at, id)),
+        }
+        if self.ordered.len() + self.heap.len() > 2 * live + 64 {
             // The entry just pushed is kept whatever `is_live` says (its owner may not be
             // registered yet).
             let new = (at, id);
-            self.heap.retain(|Reverse(entry)| *entry == new || is_live(entry.1, entry.0));
+            let keep = |entry: &(Instant, u64)| *entry == new || is_live(entry.1, entry.0);
+            self.ordered.retain(keep);
+            self.heap.retain(|Reverse(entry)| keep(entry));
         }
     }
 
     /// No entry held, live or not: [`DeadlineQueue::next`] would return `None`.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.ordered.is_empty() && self.heap.is_empty()
     }
 
     /// Entries held, live or not (for tests).
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.ordered.len() + self.heap.len()
+    }
+
+    /// The earliest entry, and whether it is the deque's.
+    #[inline]
+    fn first(&self) -> Option<((Instant, u64), bool)> {
+        match (self.ordered.front(), self.heap.peek()) {
+            (Some(&a), Some(&Reverse(b))) if b < a => Some((b, false)),
+            (Some(&a), _) => Some((a, true)),
+            (None, Some(&Reverse(b))) => Some((b, false)),
+            (None, None) => None,
+        }
+    }
+
+    fn pop_first(&mut self, from_ordered: bool) {
+        if from_ordered {
+            self.ordered.pop_front();
+        } else {
+            self.heap.pop();
+        }
     }
 
     /// The earliest expiry of a call for which `live(call_id, at)` holds.
     pub fn next(&mut self, live: impl Fn(u64, Instant) -> bool) -> Option<Instant> {
-        while let Some(Reverse((at, id))) = self.heap.peek().copied() {
+        while let Some(((at, id), from_ordered)) = self.first() {
             if live(id, at) {
                 return Some(at);
             }
-            self.heap.pop();
+            self.pop_first(from_ordered);
         }
         None
     }
 
-    /// Removes and returns the calls whose deadline is at or before `now`.
+    /// Removes and returns the calls whose deadline is at or before `now`, earliest first.
     pub fn expired(&mut self, now: Instant) -> Vec<(u64, Instant)> {
         let mut out = Vec::new();
-        while let Some(Reverse((at, id))) = self.heap.peek().copied() {
+        while let Some(((at, id), from_ordered)) = self.first() {
             if at > now {
                 break;
             }
-            self.heap.pop();
+            self.pop_first(from_ordered);
             out.push((id, at));
         }
         out
@@ -100,5 +132,57 @@ mod tests {
             Some(999_999),
             "the live one survived"
         );
+    }
+
+    #[test]
+    fn entries_in_any_order_come_out_earliest_first() {
+        let now = Instant::now();
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        let mut q = DeadlineQueue::default();
+        // In order, then earlier ones (the heap), then later ones again (the deque).
+        for (i, ms) in [10, 20, 30, 5, 25, 15, 40, 30, 1].into_iter().enumerate() {
+            q.push_pruned(at(ms), i as u64, 100, |_, _| true);
+        }
+        assert_eq!(q.len(), 9);
+        // Call 3 (5 ms) finished early: skipped, and dropped on the way.
+        assert_eq!(q.next(|id, _| id != 8 && id != 3), Some(at(10)));
+        assert_eq!(q.len(), 7);
+        let order: Vec<u64> = q.expired(at(30)).into_iter().map(|(_, t)| (t - now).as_millis() as u64).collect();
+        assert_eq!(order, [10, 15, 20, 25, 30, 30]);
+        assert_eq!(q.next(|_, _| true), Some(at(40)));
+        assert_eq!(q.expired(at(100)).len(), 1);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn agrees_with_a_sorted_list_on_random_operations() {
+        let now = Instant::now();
+        let mut q = DeadlineQueue::default();
+        let mut model: Vec<(Instant, u64)> = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut clock = 0u64;
+        for id in 0..5_000u64 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            // Mostly in order (the same timeout), sometimes earlier or much later.
+            let ms = match seed % 8 {
+                0 => clock.saturating_sub(seed >> 40 & 0xff),
+                1 => clock + (seed >> 40 & 0xfff),
+                _ => clock + 100,
+            };
+            clock += seed >> 50 & 3;
+            q.push_pruned(now + Duration::from_millis(ms), id, usize::MAX / 4, |_, _| true);
+            model.push((now + Duration::from_millis(ms), id));
+            if seed % 5 == 0 {
+                let until = now + Duration::from_millis(clock);
+                model.sort();
+                let cut = model.partition_point(|(at, _)| *at <= until);
+                let want: Vec<Instant> = model.drain(..cut).map(|(at, _)| at).collect();
+                let got: Vec<Instant> = q.expired(until).into_iter().map(|(_, at)| at).collect();
+                assert_eq!(got, want);
+            }
+        }
+        assert_eq!(q.len(), model.len());
     }
 }
