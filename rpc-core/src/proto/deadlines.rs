@@ -147,7 +147,8 @@ mod tests {
         // Call 3 (5 ms) finished early: skipped, and dropped on the way.
         assert_eq!(q.next(|id, _| id != 8 && id != 3), Some(at(10)));
         assert_eq!(q.len(), 7);
-        let order: Vec<u64> = q.expired(at(30)).into_iter().map(|(_, t)| (t - now).as_millis() as u64).collect();
+        let order: Vec<u64> =
+            q.expired(at(30)).into_iter().map(|(_, t)| (t - now).as_millis() as u64).collect();
         assert_eq!(order, [10, 15, 20, 25, 30, 30]);
         assert_eq!(q.next(|_, _| true), Some(at(40)));
         assert_eq!(q.expired(at(100)).len(), 1);

@@ -91,7 +91,7 @@ pub(crate) const T_PUSH: u8 = 4;
 pub(crate) const T_REVOKE: u8 = 5;
 pub(crate) const T_WINDOW: u8 = 6;
 
-const SEND_HEADER: usize = 4;
+pub(crate) const SEND_HEADER: usize = 4;
 const READ_REQ_HEADER: usize = 8 + 8 + 8 + 4;
 const READ_RESP_HEADER: usize = 8 + 1 + 8;
 const PUSH_HEADER: usize = 4 + 8 + 8;

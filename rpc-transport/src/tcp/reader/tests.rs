@@ -34,6 +34,14 @@ fn run(h: &mut Harness, input: &[u8]) -> Death {
     rt.block_on(h.reader.run(&mut r))
 }
 
+/// As [`run`], with the input read through a buffer of `capacity` bytes: frames longer than it
+/// never lie whole in the buffer, so they take the per-frame path instead of the buffered one.
+fn run_chunked(h: &mut Harness, input: &[u8], capacity: usize) -> Death {
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let mut r = tokio::io::BufReader::with_capacity(capacity, input);
+    rt.block_on(h.reader.run(&mut r))
+}
+
 fn completions(soft: &Soft) -> (Vec<Completion>, Poll<Result<(), TransportError>>) {
     let mut out = Vec::new();
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -49,6 +57,33 @@ fn send_frame(payload: &[u8]) -> Vec<u8> {
     let mut f = wire::encode_send(payload.len() as u32).to_vec();
     f.extend_from_slice(payload);
     f
+}
+
+#[test]
+fn pipelined_sends_are_taken_from_the_read_buffer_in_order() {
+    let mut input = Vec::new();
+    for payload in [&b"one"[..], b"", b"three", b"four"] {
+        input.extend(send_frame(payload));
+    }
+    for capacity in [input.len(), 5] {
+        let mut h = harness(3, 16);
+        let death = run_chunked(&mut h, &input, capacity);
+        assert!(matches!(death, Death::Closed(_)), "clean EOF at a frame boundary: {death:?}");
+        let (done, _) = completions(&h.soft);
+        let got: Vec<&[u8]> = done
+            .iter()
+            .map(|c| match c {
+                Completion::Recv { buf } => buf.bytes(),
+                other => panic!("only receives: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [&b"one"[..], b"", b"three"],
+            "three posted receives, in order (capacity {capacity})"
+        );
+        assert_eq!(h.soft.counters().recv_unexpected, 1, "the fourth waits for a receive");
+    }
 }
 
 #[test]
@@ -274,6 +309,35 @@ proptest! {
     }
 
     #[test]
+    fn buffered_and_frame_by_frame_reading_agree(
+        frames in proptest::collection::vec((0u8..4, proptest::collection::vec(any::<u8>(), 0..40)), 0..12),
+        capacity in 1usize..24,
+        depth in 0u32..6,
+    ) {
+        // Mostly well-formed SENDs (some over recv_size 32), with other frame types between.
+        let input: Vec<u8> = frames.iter().flat_map(|(kind, body)| match kind {
+            0 | 1 => send_frame(body),
+            2 => wire::encode_window(7, body.len() as u64).to_vec(),
+            _ => std::iter::once(body.first().copied().unwrap_or(0) % 8).chain(body.iter().copied()).collect(),
+        }).collect();
+        let outcome = |h: &mut Harness, death: Death| {
+            let unexpected = h.soft.counters().recv_unexpected;
+            let (done, _) = completions(&h.soft);
+            let done: Vec<String> = done.iter().map(|c| match c {
+                Completion::Recv { buf } => format!("recv {:?}", buf.bytes()),
+                other => format!("{other:?}"),
+            }).collect();
+            (format!("{death:?}"), unexpected, done)
+        };
+        let mut whole = harness(depth, 32);
+        let death = run(&mut whole, &input);
+        let whole = outcome(&mut whole, death);
+        let mut chunked = harness(depth, 32);
+        let death = run_chunked(&mut chunked, &input, capacity);
+        prop_assert_eq!(whole, outcome(&mut chunked, death));
+    }
+
+    #[test]
     fn random_frames_never_panic_the_decoder(input in frame_soup(), pending in 0u64..4, window in 0u64..64) {
         let mut h = harness_with_push(2, 32, Push::new(window, window, None));
         let desc = h.soft.register(Bytes::from_static(b"0123456789abcdef"));
@@ -307,7 +371,7 @@ fn a_reset_socket_ends_the_connection_with_the_io_error_as_source() {
     use std::error::Error as _;
     let mut h = harness(1, 16);
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-    let death = rt.block_on(h.reader.run(&mut ResetSocket));
+    let death = rt.block_on(h.reader.run(&mut tokio::io::BufReader::new(ResetSocket)));
     h.soft.fail(death);
     let (_, end) = completions(&h.soft);
     let Poll::Ready(Err(err)) = end else { panic!("the connection failed: {end:?}") };
