@@ -103,16 +103,12 @@ impl Outbox {
         Direct::Queued
     }
 
-    /// The writer found its queue empty: marks it idle unless a frame arrived meanwhile, which it
-    /// returns.
-    pub(crate) fn idle_or_next(&self, rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Option<Outgoing> {
+    /// The writer wrote what it had taken: marks it idle unless more frames are queued (then it
+    /// takes them next; the connection keeps away from the socket meanwhile).
+    pub(crate) fn idle_unless_queued(&self, rx: &mpsc::UnboundedReceiver<Outgoing>) {
         let mut busy = self.lock();
-        match rx.try_recv() {
-            Ok(frame) => Some(frame),
-            Err(_) => {
-                *busy = false;
-                None
-            }
+        if rx.is_empty() {
+            *busy = false;
         }
     }
 

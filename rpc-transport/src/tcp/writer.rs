@@ -64,16 +64,14 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
     soft: &Arc<Soft>,
 ) -> Death {
     let mut batch = Batch::default();
-    let mut next = None;
+    // The frames of one batch, taken from the queue together (one receive for all of them,
+    // returning at once while any is queued).
+    let mut frames = Vec::with_capacity(MAX_BATCH);
     loop {
-        let first = match next.take() {
-            Some(frame) => frame,
-            None => match rx.recv().await {
-                Some(frame) => frame,
-                None => break,
-            },
-        };
-        let closing = match write_batch(w, first, rx, &mut batch).await {
+        if rx.recv_many(&mut frames, MAX_BATCH).await == 0 {
+            break;
+        }
+        let closing = match write_batch(w, frames.drain(..), &mut batch).await {
             Ok(closing) => closing,
             Err(e) => return Death::Closed(crate::Detail::caused_by("write failed", e)),
         };
@@ -82,7 +80,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
         if let Some(death) = closing {
             return death;
         }
-        next = outbox.idle_or_next(rx);
+        outbox.idle_unless_queued(rx);
     }
     Death::Closed("connection dropped".into())
 }
@@ -199,18 +197,15 @@ impl Batch {
     }
 }
 
-/// Writes `first` and whatever else is queued (up to [`MAX_BATCH`], or up to a `Close`), in as
+/// Writes `frames` (up to a `Close`, which ends the batch; frames after it are dropped) in as
 /// few writes as the limits allow, then flushes. Returns the death of a `Close` it reached.
 async fn write_batch<W: AsyncWrite + Unpin>(
     w: &mut W,
-    first: Outgoing,
-    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    frames: impl Iterator<Item = Outgoing>,
     batch: &mut Batch,
 ) -> std::io::Result<Option<Death>> {
-    let mut next = Some(first);
-    let mut count = 0;
     let mut closing = None;
-    while let Some(frame) = next.take() {
+    for frame in frames {
         if let Outgoing::Close { death } = frame {
             closing = Some(death);
             break;
@@ -218,10 +213,6 @@ async fn write_batch<W: AsyncWrite + Unpin>(
         batch.add(frame);
         if batch.full() {
             batch.write_out(w).await?;
-        }
-        count += 1;
-        if count < MAX_BATCH {
-            next = rx.try_recv().ok();
         }
     }
     batch.write_out(w).await?;
