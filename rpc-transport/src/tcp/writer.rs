@@ -65,8 +65,9 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
 ) -> Death {
     let mut batch = Batch::default();
     // The frames of one batch, taken from the queue together (one receive for all of them,
-    // returning at once while any is queued).
-    let mut frames = Vec::with_capacity(MAX_BATCH);
+    // returning at once while any is queued). It grows with the largest batch taken (at most
+    // MAX_BATCH frames), not before.
+    let mut frames = Vec::new();
     loop {
         if rx.recv_many(&mut frames, MAX_BATCH).await == 0 {
             break;
