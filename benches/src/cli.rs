@@ -209,6 +209,10 @@ pub struct CountsArgs {
     /// Echo payload size in bytes.
     #[arg(long, default_value_t = 32)]
     pub size: usize,
+    /// Calls in flight in the pipelined rows (an echo per transport with this many calls kept
+    /// in flight by as many tasks); 0 skips them.
+    #[arg(long, default_value_t = 64)]
+    pub outstanding: usize,
 }
 
 /// `rpc-bench doctor`.

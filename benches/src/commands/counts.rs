@@ -6,7 +6,9 @@
 //! a 32 B echo (`Bytes` argument and result: decoded as slices of the received messages, which
 //! are frozen into `Bytes` for them), and `increment` (a `u64` each way: nothing of a message is
 //! kept). A last row per call measures the client alone: the server in a child process (tcp).
-//! Printed per call:
+//! Then, per transport, the echo with `--outstanding` calls in flight (as many tasks, each
+//! calling in a loop; they are spawned and parked before the count starts, so the harness adds
+//! nothing per call): what batching under load costs or saves. Printed per call:
 //!
 //! * allocations and bytes allocated (the whole process: client and server, or the client alone
 //!   in the last rows), counted by the global allocator of `rpc-bench` when it is built with
@@ -117,6 +119,11 @@ pub(super) async fn counts(args: CountsArgs) -> Result<(), BenchError> {
     for kind in [CallKind::Echo, CallKind::Increment] {
         rows.push(measure_client_alone(kind, &args).await?);
     }
+    if args.outstanding > 0 {
+        for transport in &args.transports {
+            rows.push(measure_pipelined(transport, &args).await?);
+        }
+    }
     print(&args, &rows);
     Ok(())
 }
@@ -177,6 +184,83 @@ async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<R
         allocations: m.alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
         bytes: m.alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
         caller_polls: per_call(m.caller_polls),
+        client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
+        server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
+        handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
+    })
+}
+
+/// The echo with `--outstanding` calls in flight: one task per call in flight, each making its
+/// share of `--calls` calls in a loop. The tasks are spawned and wait at a gate before the counts
+/// are read, and every payload is shared before then, so that what is counted is the calls'.
+async fn measure_pipelined(transport: &str, args: &CountsArgs) -> Result<Row, BenchError> {
+    let settings = ProtoSettings::default();
+    let listen = listen_address(transport);
+    let server = Server::bind(&listen, settings.server_config(), BenchServer::new(BenchImpl::new()))
+        .await
+        .map_err(|e| BenchError::connect(&listen, e))?;
+    let addr = server.local_addr().to_string();
+    let client = Client::connect(&addr, ClientConfig::default().proto(settings.proto()))
+        .await
+        .map_err(|e| BenchError::connect(&addr, e))?;
+    let stub = BenchClient::new(client.clone());
+    let per_task = (args.calls / args.outstanding as u64).max(1);
+    let data = Bytes::from(vec![0x5au8; args.size]);
+    drop(data.clone()); // shared from now on: a clone allocates nothing
+                        // Warm-up at the same load: the connection's queues and tables grow to it here.
+    let warm = (args.warmup / args.outstanding as u64).max(1);
+    let warm_tasks: Vec<_> = (0..args.outstanding)
+        .map(|_| {
+            let (stub, data) = (stub.clone(), data.clone());
+            tokio::spawn(async move {
+                let mut polls = 0;
+                for i in 0..warm {
+                    call(&stub, CallKind::Echo, &data, i, &mut polls).await?;
+                }
+                Ok::<u64, BenchError>(polls)
+            })
+        })
+        .collect();
+    for task in warm_tasks {
+        task.await.map_err(|e| BenchError::Call(format!("call task died: {e}")))??;
+    }
+    let (gate, opened) = tokio::sync::watch::channel(false);
+    let tasks: Vec<_> = (0..args.outstanding)
+        .map(|_| {
+            let (stub, data, mut opened) = (stub.clone(), data.clone(), opened.clone());
+            tokio::spawn(async move {
+                opened.wait_for(|open| *open).await.map_err(|_| BenchError::Call("gate dropped".into()))?;
+                let mut polls = 0;
+                for i in 0..per_task {
+                    call(&stub, CallKind::Echo, &data, i, &mut polls).await?;
+                }
+                Ok::<u64, BenchError>(polls)
+            })
+        })
+        .collect();
+    drop(opened);
+    let (client0, server0) = snapshot(&client, &server).await?;
+    let alloc0 = allocated();
+    gate.send_replace(true);
+    let mut caller_polls = 0;
+    for task in tasks {
+        caller_polls += task.await.map_err(|e| BenchError::Call(format!("call task died: {e}")))??;
+    }
+    let alloc1 = allocated();
+    let (client1, server1) = snapshot(&client, &server).await?;
+    drop(stub);
+    drop(client);
+    server.shutdown().await;
+
+    let calls = per_task * args.outstanding as u64;
+    let per_call = |d: u64| d as f64 / calls as f64;
+    let alloc = alloc0.zip(alloc1);
+    Ok(Row {
+        transport: format!("{transport}, {} in flight", args.outstanding),
+        call: CallKind::Echo.label(args.size),
+        allocations: alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
+        bytes: alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
+        caller_polls: per_call(caller_polls),
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
         server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
         handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
@@ -272,8 +356,11 @@ async fn snapshot(client: &Client, server: &Server) -> Result<(ConnStats, ConnSt
 fn print(args: &CountsArgs, rows: &[Row]) {
     println!(
         "{} calls after {} warm-up, one outstanding, client and server in this process (current-thread \
-         runtime) unless said otherwise; per call:",
-        args.calls, args.warmup
+         runtime) unless said otherwise (\"N in flight\": N tasks calling at once, {} calls in all); per \
+         call:",
+        args.calls,
+        args.warmup,
+        (args.calls / args.outstanding.max(1) as u64).max(1) * args.outstanding as u64
     );
     println!();
     println!(
