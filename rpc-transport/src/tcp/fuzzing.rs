@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use super::push::Push;
 use super::reader::Reader;
@@ -219,13 +218,8 @@ impl TcpReaderHarness {
     /// Runs the reader over `stream` until it ends or the framing breaks, fails the endpoint
     /// with that reason (as the tcp backend does), and collects every completion.
     pub fn run(self, stream: &[u8]) -> TcpReaderRun {
-        let (out, mut rx) = mpsc::unbounded_channel();
-        let mut reader = Reader::new(
-            self.soft.clone(),
-            super::outbox::Outbox::new(out, None),
-            self.recv_size,
-            self.push.clone(),
-        );
+        let (out, mut rx) = super::outbox::Outbox::new(None);
+        let mut reader = Reader::new(self.soft.clone(), out, self.recv_size, self.push.clone());
         // No writer to give the refusal time to leave: close at once.
         reader.close_grace = std::time::Duration::ZERO;
         let (death, responses) = RUNTIME.with(|rt| {

@@ -48,7 +48,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::soft::{validate_params, Death, Soft, MAX_READ_SIZE};
 use crate::{
@@ -170,9 +170,8 @@ impl TcpConnection {
             dead_push.close();
             stop_tx.send_replace(true);
         });
-        let (tx, out_rx) = mpsc::unbounded_channel();
         let (read_half, write_half) = stream.into_split();
-        let out = Outbox::new(tx, Some(write_half));
+        let (out, out_rx) = Outbox::new(Some(write_half));
 
         let mut reader = reader::Reader::new(soft.clone(), out.clone(), ours.recv_size, push.clone());
         let (reader_soft, mut stop) = (soft.clone(), stop_rx.clone());
@@ -184,15 +183,15 @@ impl TcpConnection {
             }
         });
 
-        let (writer_soft, mut stop, mut out_rx, outbox) = (soft.clone(), stop_rx, out_rx, out.clone());
+        let (writer_soft, mut stop, mut out_rx) = (soft.clone(), stop_rx, out_rx);
         tokio::spawn(async move {
-            let mut w = outbox.writer();
+            let mut w = out_rx.writer();
             tokio::select! {
-                death = writer::run(&mut w, &mut out_rx, &outbox, &writer_soft) => writer_soft.fail(death),
+                death = writer::run(&mut w, &mut out_rx, &writer_soft) => writer_soft.fail(death),
                 _ = stop.wait_for(|stopped| *stopped) => {}
             }
             // The peer sees EOF.
-            outbox.shutdown();
+            out_rx.shutdown();
         });
 
         let info = ConnInfo {

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
-use super::outbox::Outbox;
+use super::outbox::OutboxRx;
 use super::wire;
 use crate::soft::{Death, OpId, Soft};
 use crate::{RKey, RegionDesc, SendBuf};
@@ -57,12 +57,7 @@ const MAX_PIECES: usize = 512;
 /// Writes frames until the queue closes, a write fails or a [`Outgoing::Close`] is written;
 /// returns why it stopped. Between batches, when its queue is empty, it tells the outbox it is
 /// idle (the connection may then write a SEND itself).
-pub(crate) async fn run<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-    outbox: &Outbox,
-    soft: &Arc<Soft>,
-) -> Death {
+pub(crate) async fn run<W: AsyncWrite + Unpin>(w: &mut W, rx: &mut OutboxRx, soft: &Arc<Soft>) -> Death {
     let mut batch = Batch::default();
     // The frames of one batch, taken from the queue together (one receive for all of them,
     // returning at once while any is queued). It grows with the largest batch taken (at most
@@ -81,7 +76,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
         if let Some(death) = closing {
             return death;
         }
-        outbox.idle_unless_queued(rx);
+        rx.idle_unless_queued();
     }
     Death::Closed("connection dropped".into())
 }
@@ -172,30 +167,48 @@ impl Batch {
     }
 
     /// Writes everything assembled so far (vectored, resuming after partial writes), then
-    /// releases the permits of the READ responses written.
+    /// releases the permits of the READ responses written. The slices of a batch of a few pieces
+    /// (the usual: small frames are copied back to back into one) are laid out on the stack.
     async fn write_out<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> std::io::Result<()> {
-        let mut slices: Vec<IoSlice<'_>> = self
-            .pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Copied(r) => IoSlice::new(&self.copied[r.clone()]),
+        const ON_STACK: usize = 8;
+        fn slice_of<'a>(copied: &'a [u8], piece: &'a Piece) -> IoSlice<'a> {
+            match piece {
+                Piece::Copied(r) => IoSlice::new(&copied[r.clone()]),
                 Piece::Shared(b) => IoSlice::new(b),
-            })
-            .collect();
-        let mut left = &mut slices[..];
-        while !left.is_empty() {
-            let n = w.write_vectored(left).await?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
             }
-            IoSlice::advance_slices(&mut left, n);
         }
-        drop(slices);
+        let copied = &self.copied[..];
+        if self.pieces.len() <= ON_STACK {
+            let mut slices = [IoSlice::new(&[]); ON_STACK];
+            for (slot, piece) in slices.iter_mut().zip(&self.pieces) {
+                *slot = slice_of(copied, piece);
+            }
+            write_all_vectored(w, &mut slices[..self.pieces.len()]).await?;
+        } else {
+            let mut slices: Vec<IoSlice<'_>> = self.pieces.iter().map(|p| slice_of(copied, p)).collect();
+            write_all_vectored(w, &mut slices).await?;
+        }
         self.copied.clear();
         self.pieces.clear();
         self.permits.clear();
         Ok(())
     }
+}
+
+/// Writes all of `slices`, resuming after partial writes.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    slices: &mut [IoSlice<'_>],
+) -> std::io::Result<()> {
+    let mut left = slices;
+    while !left.is_empty() {
+        let n = w.write_vectored(left).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut left, n);
+    }
+    Ok(())
 }
 
 /// Writes `frames` (up to a `Close`, which ends the batch; frames after it are dropped) in as
@@ -219,4 +232,96 @@ async fn write_batch<W: AsyncWrite + Unpin>(
     batch.write_out(w).await?;
     w.flush().await?;
     Ok(closing)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// A socket that takes at most `max` bytes per write: every batch is written in pieces.
+    struct Trickle {
+        max: usize,
+        got: Vec<u8>,
+        writes: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let this = self.get_mut();
+            this.writes += 1;
+            let mut left = this.max;
+            for b in bufs {
+                let n = b.len().min(left);
+                this.got.extend_from_slice(&b[..n]);
+                left -= n;
+            }
+            Poll::Ready(Ok(this.max - left))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Writes SENDs of these sizes as one batch through a socket taking `max` bytes per write;
+    /// returns what the socket got, what it should have got, and the number of writes.
+    fn write_sends(sizes: &[usize], max: usize) -> (Vec<u8>, Vec<u8>, usize) {
+        let payloads: Vec<Vec<u8>> =
+            sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect()).collect();
+        let mut want = Vec::new();
+        for p in &payloads {
+            want.extend_from_slice(&wire::encode_send(p.len() as u32));
+            want.extend_from_slice(p);
+        }
+        let frames = payloads
+            .into_iter()
+            .enumerate()
+            .map(|(op, p)| Outgoing::Send { op: op as OpId, msg: SendBuf::from(p) });
+        let mut w = Trickle { max, got: Vec::new(), writes: 0 };
+        let mut batch = Batch::default();
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let closing = rt.block_on(write_batch(&mut w, frames, &mut batch)).expect("written");
+        assert!(closing.is_none());
+        assert_eq!(batch.sends.len(), sizes.len(), "every SEND is reported written");
+        (w.got, want, w.writes)
+    }
+
+    #[test]
+    fn a_batch_of_a_few_pieces_is_written_whole_across_partial_writes() {
+        // Small frames are copied back to back: one piece; a large one is a piece of its own.
+        let (got, want, writes) = write_sends(&[10, 0, 3, COPY_BELOW, 7], 1000);
+        assert_eq!(got, want);
+        assert!(writes > 1, "the socket took it in pieces");
+    }
+
+    #[test]
+    fn a_batch_of_many_pieces_is_written_whole_across_partial_writes() {
+        // Large and small alternate: 2 pieces per large frame, well over the 8 on the stack.
+        let sizes: Vec<usize> = (0..24).map(|i| if i % 2 == 0 { COPY_BELOW + i } else { i }).collect();
+        let (got, want, _) = write_sends(&sizes, 4093);
+        assert_eq!(got, want);
+    }
 }

@@ -2,7 +2,6 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use tokio::sync::mpsc;
 
 use super::*;
 use crate::tcp::push::Push;
@@ -12,7 +11,7 @@ use crate::{Completion, ConnParams, RegionDesc, TransportError};
 struct Harness {
     reader: Reader,
     soft: Arc<Soft>,
-    responses: mpsc::UnboundedReceiver<Outgoing>,
+    responses: crate::tcp::outbox::OutboxRx,
 }
 
 fn harness(recv_depth: u32, recv_size: u32) -> Harness {
@@ -21,9 +20,8 @@ fn harness(recv_depth: u32, recv_size: u32) -> Harness {
 
 fn harness_with_push(recv_depth: u32, recv_size: u32, push: Push) -> Harness {
     let soft = Soft::new(&ConnParams { recv_depth, recv_size, ..ConnParams::default() });
-    let (out, responses) = mpsc::unbounded_channel();
-    let mut reader =
-        Reader::new(soft.clone(), crate::tcp::outbox::Outbox::new(out, None), recv_size, Arc::new(push));
+    let (out, responses) = crate::tcp::outbox::Outbox::new(None);
+    let mut reader = Reader::new(soft.clone(), out, recv_size, Arc::new(push));
     reader.close_grace = std::time::Duration::ZERO;
     Harness { reader, soft, responses }
 }
@@ -159,7 +157,7 @@ fn read_requests_are_served_or_refused_without_data() {
             "{what}: {death:?}"
         );
         let mut queued = Vec::new();
-        while let Ok(frame) = h.responses.try_recv() {
+        while let Some(frame) = h.responses.try_recv() {
             queued.push(frame);
         }
         assert!(
@@ -218,7 +216,7 @@ fn read_request_flood_stalls_instead_of_queueing_without_bound() {
     });
     assert!(stalled, "the reader must wait for the writer once 256 responses are queued");
     let mut queued = 0;
-    while h.responses.try_recv().is_ok() {
+    while h.responses.try_recv().is_some() {
         queued += 1;
     }
     assert_eq!(queued, 256);
@@ -232,7 +230,7 @@ fn push_frame(rkey: u32, addr: u64, payload: &[u8]) -> Vec<u8> {
 
 fn windows_queued(h: &mut Harness) -> Vec<(u32, u64)> {
     let mut back = Vec::new();
-    while let Ok(frame) = h.responses.try_recv() {
+    while let Some(frame) = h.responses.try_recv() {
         if let Outgoing::Window { rkey, len } = frame {
             back.push((rkey, len));
         }
