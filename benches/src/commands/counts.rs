@@ -158,7 +158,8 @@ async fn measured_calls(
     Ok(Measured { alloc: alloc0.zip(alloc1), caller_polls })
 }
 
-async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<Row, BenchError> {
+/// A server on `transport` in this process and a client connected to it (and its stub).
+async fn serve_and_connect(transport: &str) -> Result<(Server, Client, BenchClient), BenchError> {
     let settings = ProtoSettings::default();
     let listen = listen_address(transport);
     let server = Server::bind(&listen, settings.server_config(), BenchServer::new(BenchImpl::new()))
@@ -169,6 +170,11 @@ async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<R
         .await
         .map_err(|e| BenchError::connect(&addr, e))?;
     let stub = BenchClient::new(client.clone());
+    Ok((server, client, stub))
+}
+
+async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<Row, BenchError> {
+    let (server, client, stub) = serve_and_connect(transport).await?;
     warm_up(&stub, kind, args).await?;
     let (client0, server0) = snapshot(&client, &server).await?;
     let m = measured_calls(&stub, kind, args).await?;
@@ -194,20 +200,12 @@ async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<R
 /// share of `--calls` calls in a loop. The tasks are spawned and wait at a gate before the counts
 /// are read, and every payload is shared before then, so that what is counted is the calls'.
 async fn measure_pipelined(transport: &str, args: &CountsArgs) -> Result<Row, BenchError> {
-    let settings = ProtoSettings::default();
-    let listen = listen_address(transport);
-    let server = Server::bind(&listen, settings.server_config(), BenchServer::new(BenchImpl::new()))
-        .await
-        .map_err(|e| BenchError::connect(&listen, e))?;
-    let addr = server.local_addr().to_string();
-    let client = Client::connect(&addr, ClientConfig::default().proto(settings.proto()))
-        .await
-        .map_err(|e| BenchError::connect(&addr, e))?;
-    let stub = BenchClient::new(client.clone());
+    let (server, client, stub) = serve_and_connect(transport).await?;
     let per_task = (args.calls / args.outstanding as u64).max(1);
     let data = Bytes::from(vec![0x5au8; args.size]);
-    drop(data.clone()); // shared from now on: a clone allocates nothing
-                        // Warm-up at the same load: the connection's queues and tables grow to it here.
+    // Shared from now on: a clone allocates nothing.
+    drop(data.clone());
+    // Warm-up at the same load: the connection's queues and tables grow to it here.
     let warm = (args.warmup / args.outstanding as u64).max(1);
     let warm_tasks: Vec<_> = (0..args.outstanding)
         .map(|_| {
