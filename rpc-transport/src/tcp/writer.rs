@@ -114,11 +114,14 @@ impl Batch {
         }
     }
 
-    fn payload(&mut self, data: &Bytes) {
+    /// A payload: copied into the batch when small (a pool buffer then goes back at once),
+    /// else written from its own memory.
+    fn payload(&mut self, data: impl Into<SendBuf>) {
+        let data = data.into();
         if data.len() < COPY_BELOW {
-            self.copy(data);
+            self.copy(&data);
         } else {
-            self.pieces.push(Piece::Shared(data.clone()));
+            self.pieces.push(Piece::Shared(data.into_bytes()));
         }
     }
 
@@ -127,16 +130,12 @@ impl Batch {
             Outgoing::Send { op, msg } => {
                 // `post_send` checked the length against the peer's recv_size, a u32.
                 self.copy(&wire::encode_send(msg.len() as u32));
-                if msg.len() < COPY_BELOW {
-                    self.copy(&msg);
-                } else {
-                    self.pieces.push(Piece::Shared(msg.into_bytes()));
-                }
+                self.payload(msg);
                 self.sends.push(op);
             }
             Outgoing::SendRest { op, head, body } => {
                 self.copy(&head);
-                self.payload(&body);
+                self.payload(body);
                 self.sends.push(op);
             }
             Outgoing::ReadReq { id, addr, len, rkey } => {
@@ -144,7 +143,7 @@ impl Batch {
             }
             Outgoing::ReadResp { id, result: Ok(data), permit } => {
                 self.copy(&wire::encode_read_resp(id, wire::STATUS_OK, data.len() as u64));
-                self.payload(&data);
+                self.payload(data);
                 self.permits.push(permit);
             }
             Outgoing::ReadResp { id, result: Err(status), permit } => {
@@ -153,7 +152,7 @@ impl Batch {
             }
             Outgoing::Push { desc, data } => {
                 self.copy(&wire::encode_push(desc.rkey, desc.addr, desc.len));
-                self.payload(&data);
+                self.payload(data);
             }
             Outgoing::Revoke { rkey } => self.copy(&wire::encode_revoke(rkey)),
             Outgoing::Window { rkey, len } => self.copy(&wire::encode_window(rkey, len)),
