@@ -80,16 +80,16 @@ impl Inner {
     }
 }
 
-impl State {
-    /// Queues `frame` (dropped if the writer is gone) and marks the writer busy; returns the
-    /// writer's waker, to wake once the lock is released.
-    fn push(&mut self, frame: Outgoing) -> Option<Waker> {
-        self.busy = true;
-        if !self.writer_gone {
-            self.frames.push_back(frame);
-        }
-        self.waker.take()
+/// Queues `frame` (dropped if the writer is gone) and marks the writer busy, then releases the
+/// lock and wakes the writer if it waits.
+fn enqueue(mut state: MutexGuard<'_, State>, frame: Outgoing) {
+    state.busy = true;
+    if !state.writer_gone {
+        state.frames.push_back(frame);
     }
+    let waker = state.waker.take();
+    drop(state);
+    wake(waker);
 }
 
 fn wake(waker: Option<Waker>) {
@@ -131,14 +131,11 @@ impl Outbox {
     /// Queues a frame for the writer. `Err` (the frame back) if the writer is gone (the endpoint
     /// is dead).
     pub(crate) fn queue(&self, frame: Outgoing) -> Result<(), Outgoing> {
-        let waker = {
-            let mut state = self.inner.lock();
-            if state.writer_gone {
-                return Err(frame);
-            }
-            state.push(frame)
-        };
-        wake(waker);
+        let state = self.inner.lock();
+        if state.writer_gone {
+            return Err(frame);
+        }
+        enqueue(state, frame);
         Ok(())
     }
 
@@ -146,13 +143,11 @@ impl Outbox {
     /// without blocking; otherwise queues it for the writer (what is left of it after a partial
     /// write).
     pub(crate) fn send_now(&self, op: OpId, msg: SendBuf) -> Direct {
-        let mut state = self.inner.lock();
+        let state = self.inner.lock();
         let stream = match &self.inner.stream {
             Some(s) if !state.busy && msg.len() <= DIRECT_MAX => s,
             _ => {
-                let waker = state.push(Outgoing::Send { op, msg });
-                drop(state);
-                wake(waker);
+                enqueue(state, Outgoing::Send { op, msg });
                 return Direct::Queued;
             }
         };
@@ -174,9 +169,7 @@ impl Outbox {
                 Outgoing::SendRest { op, head: Bytes::new(), body: msg.slice(written - header.len()..) }
             }
         };
-        let waker = state.push(frame);
-        drop(state);
-        wake(waker);
+        enqueue(state, frame);
         Direct::Queued
     }
 }
