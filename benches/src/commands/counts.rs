@@ -207,35 +207,12 @@ async fn measure_pipelined(transport: &str, args: &CountsArgs) -> Result<Row, Be
     drop(data.clone());
     // Warm-up at the same load: the connection's queues and tables grow to it here.
     let warm = (args.warmup / args.outstanding as u64).max(1);
-    let warm_tasks: Vec<_> = (0..args.outstanding)
-        .map(|_| {
-            let (stub, data) = (stub.clone(), data.clone());
-            tokio::spawn(async move {
-                let mut polls = 0;
-                for i in 0..warm {
-                    call(&stub, CallKind::Echo, &data, i, &mut polls).await?;
-                }
-                Ok::<u64, BenchError>(polls)
-            })
-        })
-        .collect();
-    for task in warm_tasks {
+    let (_already_open, open) = tokio::sync::watch::channel(true);
+    for task in echo_tasks(&stub, &data, args.outstanding, warm, &open) {
         task.await.map_err(|e| BenchError::Call(format!("call task died: {e}")))??;
     }
     let (gate, opened) = tokio::sync::watch::channel(false);
-    let tasks: Vec<_> = (0..args.outstanding)
-        .map(|_| {
-            let (stub, data, mut opened) = (stub.clone(), data.clone(), opened.clone());
-            tokio::spawn(async move {
-                opened.wait_for(|open| *open).await.map_err(|_| BenchError::Call("gate dropped".into()))?;
-                let mut polls = 0;
-                for i in 0..per_task {
-                    call(&stub, CallKind::Echo, &data, i, &mut polls).await?;
-                }
-                Ok::<u64, BenchError>(polls)
-            })
-        })
-        .collect();
+    let tasks = echo_tasks(&stub, &data, args.outstanding, per_task, &opened);
     drop(opened);
     let (client0, server0) = snapshot(&client, &server).await?;
     let alloc0 = allocated();
@@ -263,6 +240,30 @@ async fn measure_pipelined(transport: &str, args: &CountsArgs) -> Result<Row, Be
         server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
         handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
     })
+}
+
+/// `tasks` tasks, each making `calls` echo calls of `data` once `gate` is open; each returns
+/// the polls of its calls.
+fn echo_tasks(
+    stub: &BenchClient,
+    data: &Bytes,
+    tasks: usize,
+    calls: u64,
+    gate: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<Result<u64, BenchError>>> {
+    (0..tasks)
+        .map(|_| {
+            let (stub, data, mut gate) = (stub.clone(), data.clone(), gate.clone());
+            tokio::spawn(async move {
+                gate.wait_for(|open| *open).await.map_err(|_| BenchError::Call("gate dropped".into()))?;
+                let mut polls = 0;
+                for i in 0..calls {
+                    call(&stub, CallKind::Echo, &data, i, &mut polls).await?;
+                }
+                Ok(polls)
+            })
+        })
+        .collect()
 }
 
 /// The client alone in this process: the server runs in a child process (tcp), so that the
