@@ -158,6 +158,8 @@ in_vm() {
     # shellcheck source=/dev/null
     source "$SUITE_DIR/manifest.sh" # TESTS=(name|dir|exe ...), KV_BIN, BENCH_BIN
     date +%s >"$SUITE_DIR/vm.started"
+    # Where the guest reads time from (run.sh picks the TSC; see RPC_VM_CLOCKSOURCE there).
+    cat /sys/devices/system/clocksource/clocksource0/current_clocksource >"$SUITE_DIR/clocksource" 2>/dev/null || true
     export RPC_RDMA_TEST_ADDR="$GUEST_IP"
     local dev entry name dir exe
     for dev in "${DEVICES[@]}"; do
@@ -368,6 +370,7 @@ summarize() {
     local dev entry name r status passed detail steps
     echo
     echo "==================== rdma suite summary ===================="
+    echo "guest clocksource: $(cat "$SUITE_DIR/clocksource" 2>/dev/null || echo unknown)"
     for dev in "${DEVICES[@]}"; do
         echo "$dev:"
         r="$(result_of "$dev" device "$dev")"
