@@ -1,56 +1,20 @@
-//! What a user coming from tarpc or tonic expects: per-call tracing that names the method on both
-//! sides, a call context with caller metadata in handlers, several services on one server, a
-//! reconnecting client, and schema mismatches refused instead of misread. Over tcp on loopback.
+//! What a user coming from tarpc or tonic expects: a call context with caller metadata in
+//! handlers, several services on one server, a reconnecting client, and schema mismatches refused
+//! instead of misread. Over tcp on loopback. (Per-call tracing is in `e2e_tracing.rs`.)
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::attacker::{request_header, Attacker, AttackerHello, Reads, SendOutcome};
+use common::whoami::{connect, serve, WhoamiClient, WhoamiImpl, WhoamiServer};
 use rpc_core::proto::{encode_request_body, WireError, FLAG_ERROR, FLAG_METADATA};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig, Reconnect, Router, Server, ServerConfig};
-use serde::{Deserialize, Serialize};
 
 /// Bounds every wait here.
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// What a handler saw of its call.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Seen {
-    method: String,
-    call_id: u64,
-    peer: String,
-    remaining_ms: Option<u64>,
-    user: Option<String>,
-    trace_id: Option<String>,
-    pad_len: u64,
-}
-
-#[rpc_core::service]
-pub trait Whoami {
-    /// Reports the handler's context; `pad` makes the request as large as the test wants.
-    async fn whoami(&self, pad: Bytes) -> Seen;
-}
-
-struct WhoamiImpl;
-
-impl Whoami for WhoamiImpl {
-    async fn whoami(&self, pad: Bytes) -> Seen {
-        let ctx = rpc_core::context::current().expect("a handler runs inside its call's context");
-        Seen {
-            method: ctx.method().to_string(),
-            call_id: ctx.call_id(),
-            peer: ctx.peer().to_string(),
-            remaining_ms: ctx.remaining().map(|d| d.as_millis() as u64),
-            user: ctx.metadata().get("user").map(str::to_string),
-            trace_id: ctx.trace_id().map(str::to_string),
-            pad_len: pad.len() as u64,
-        }
-    }
-}
 
 #[rpc_core::service]
 pub trait Adder {
@@ -63,16 +27,6 @@ impl Adder for AdderImpl {
     async fn add(&self, a: u64, b: u64) -> u64 {
         a + b
     }
-}
-
-async fn serve<S: rpc_core::Service>(service: S) -> (Server, String) {
-    let server = Server::bind("tcp://127.0.0.1:0", ServerConfig::default(), service).await.expect("bind");
-    let addr = server.local_addr().to_string();
-    (server, addr)
-}
-
-async fn connect(addr: &str) -> Client {
-    Client::connect(addr, ClientConfig::default()).await.expect("connect")
 }
 
 #[tokio::test]
@@ -116,60 +70,6 @@ async fn metadata_over_its_bounds_is_a_typed_error() {
     assert!(matches!(err, rpc_core::MetadataError::TooManyEntries { .. }), "{err}");
     let err = CallOptions::new().with_metadata("big", "x".repeat(4096)).unwrap_err();
     assert!(matches!(err, rpc_core::MetadataError::TooLarge { .. }), "{err}");
-}
-
-/// A `tracing` writer into a shared buffer.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-// One thread: the thread-local subscriber sees the client, the server and the handlers.
-#[tokio::test(flavor = "current_thread")]
-async fn every_call_is_traced_by_name_on_both_sides_with_one_trace_id() {
-    let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let (server, addr) = serve(WhoamiServer::new(WhoamiImpl)).await;
-    let client = WhoamiClient::new(connect(&addr).await);
-    let seen = client.whoami(Bytes::from_static(b"hi")).await.expect("call");
-    let trace = seen.trace_id.expect("a traced call carries a trace id to the handler");
-    drop(client);
-    server.shutdown().await;
-
-    let log = out.text();
-    let finished: Vec<&str> = log.lines().filter(|l| l.contains("call finished")).collect();
-    assert_eq!(finished.len(), 2, "one event per side at the end of the call:\n{log}");
-    for line in &finished {
-        assert!(line.contains("call{method=Whoami.whoami "), "the call span names the method: {line}");
-        assert!(line.contains(&format!("call_id={}", seen.call_id)), "{line}");
-        assert!(line.contains("DEBUG"), "{line}");
-        assert!(line.contains(&format!("trace_id={trace}")), "the span records the trace id: {line}");
-        assert!(line.contains("duration_us=") && line.contains("outcome=\"ok\""), "{line}");
-        assert!(line.contains("request_bytes=") && line.contains("response_bytes="), "{line}");
-        assert!(line.contains("path=") && line.contains("peer=127.0.0.1:"), "{line}");
-    }
-    assert!(!log.contains("WARN"), "a graceful shutdown warns of nothing:\n{log}");
 }
 
 #[tokio::test]

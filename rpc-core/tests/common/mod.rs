@@ -7,6 +7,7 @@ pub mod counting_alloc;
 pub mod kv;
 pub mod legit;
 pub mod mem_attacker;
+pub mod whoami;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
