@@ -513,6 +513,21 @@ pub trait Connection: Send + fmt::Debug + 'static {
         take_each(sends, |(wr_id, msg)| self.post_send(wr_id, msg))
     }
 
+    /// [`Connection::post_send_batch`], except that the SENDs that completed as they were
+    /// posted (rdma: an unsignaled SEND; tcp: written to the socket by this call; mem: delivered
+    /// by this call) are appended to `done` with their results instead of coming back from
+    /// [`Connection::poll_completions`]: the caller handles them at once, without polling again
+    /// for them. Such a SEND never overtakes an earlier one still pending, so SENDs still
+    /// complete in posting order. The default reports none this way.
+    fn post_send_batch_reporting(
+        &mut self,
+        sends: &mut Vec<(WrId, SendBuf)>,
+        done: &mut Vec<(WrId, Result<(), TransportError>)>,
+    ) -> Result<(), TransportError> {
+        let _ = done;
+        self.post_send_batch(sends)
+    }
+
     /// The connection's pool of registered memory. Buffers from it are sent, advertised and
     /// READ into without registering anything; encode into them. Cheap to clone and to use
     /// from any thread.

@@ -251,6 +251,8 @@ pub(crate) struct Scratch {
     reposts: Vec<RecvBuffer>,
     /// SENDs of one `post_ops`, posted together.
     sends: Vec<(WrId, SendBuf)>,
+    /// SENDs that completed as they were posted, to hand to the state machine.
+    sent: Vec<(WrId, Result<(), TransportError>)>,
     /// READ destinations being made (registered) on blocking threads, each with its READ.
     destinations: FuturesUnordered<JoinHandle<(WrId, RegionDesc, Buf)>>,
     /// The clock as of this wake-up (the driver resets it at each poll).
@@ -263,6 +265,7 @@ impl Scratch {
             completions: Vec::with_capacity(COMPLETION_BATCH),
             reposts: Vec::with_capacity(COMPLETION_BATCH),
             sends: Vec::with_capacity(COMPLETION_BATCH),
+            sent: Vec::with_capacity(COMPLETION_BATCH),
             destinations: FuturesUnordered::new(),
             clock: Clock::default(),
         }
@@ -294,49 +297,70 @@ fn post_ops_slow<P: ProtoEnd>(
     scratch: &mut Scratch,
 ) -> Result<bool, Fatal> {
     let mut making = false;
-    let sends = &mut scratch.sends;
-    while let Some(op) = proto.next_op() {
-        match op {
-            Op::Send { wr_id, frame } => sends.push((wr_id, frame)),
-            Op::Register { call_id, data } => {
-                let result = conn.register(data).map_err(Detail::from_error);
-                proto.handle_registered(call_id, result);
-            }
-            Op::Deregister { region } => {
-                if !sends.is_empty() {
-                    conn.post_send_batch(sends).map_err(Fatal::Transport)?;
+    let Scratch { sends, sent, destinations, .. } = scratch;
+    loop {
+        while let Some(op) = proto.next_op() {
+            match op {
+                Op::Send { wr_id, frame } => sends.push((wr_id, frame)),
+                Op::Register { call_id, data } => {
+                    let result = conn.register(data).map_err(Detail::from_error);
+                    proto.handle_registered(call_id, result);
                 }
-                if let Err(e) = conn.deregister(region) {
-                    tracing::warn!(?region, error = %e, "revoking a region failed");
+                Op::Deregister { region } => {
+                    if !sends.is_empty() {
+                        post_sends(conn, proto, sends, sent)?;
+                    }
+                    if let Err(e) = conn.deregister(region) {
+                        tracing::warn!(?region, error = %e, "revoking a region failed");
+                    }
                 }
-            }
-            Op::Read { wr_id, remote } => {
-                // The destination comes from the connection's pool: registered once, reused.
-                let len = remote.len as usize;
-                let pool = conn.pool();
-                // Without registration (mem, tcp) making memory is only a heap allocation.
-                let ready =
-                    pool.alloc_idle(len).or_else(|| (!pool.registers()).then(|| pool.alloc_or_heap(len)));
-                match ready {
-                    Some(dst) => conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?,
-                    None => {
-                        // Registering new memory (a new chunk, or a one-off beyond the pool's
-                        // limits) can take milliseconds for a large buffer: it is done on a
-                        // blocking thread, and the READ is posted when the buffer is ready; the
-                        // connection's other calls go on meanwhile.
-                        let pool = pool.clone();
-                        let alloc = move || (wr_id, remote, pool.alloc_or_heap(len));
-                        scratch.destinations.push(tokio::task::spawn_blocking(alloc));
-                        making = true;
+                Op::Read { wr_id, remote } => {
+                    // The destination comes from the connection's pool: registered once, reused.
+                    let len = remote.len as usize;
+                    let pool = conn.pool();
+                    // Without registration (mem, tcp) making memory is only a heap allocation.
+                    let ready =
+                        pool.alloc_idle(len).or_else(|| (!pool.registers()).then(|| pool.alloc_or_heap(len)));
+                    match ready {
+                        Some(dst) => conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?,
+                        None => {
+                            // Registering new memory (a new chunk, or a one-off beyond the pool's
+                            // limits) can take milliseconds for a large buffer: it is done on a
+                            // blocking thread, and the READ is posted when the buffer is ready; the
+                            // connection's other calls go on meanwhile.
+                            let pool = pool.clone();
+                            let alloc = move || (wr_id, remote, pool.alloc_or_heap(len));
+                            destinations.push(tokio::task::spawn_blocking(alloc));
+                            making = true;
+                        }
                     }
                 }
             }
         }
+        if sends.is_empty() {
+            return Ok(making);
+        }
+        post_sends(conn, proto, sends, sent)?;
+        // A SEND handled at once may have let the state machine send more (its send window).
+        if !proto.has_ops() {
+            return Ok(making);
+        }
     }
-    if !sends.is_empty() {
-        conn.post_send_batch(sends).map_err(Fatal::Transport)?;
-    }
-    Ok(making)
+}
+
+/// Posts `sends` and hands the state machine the SENDs that completed as they were posted
+/// (most small ones: see `Connection::post_send_batch_reporting`), so that no further poll of
+/// the transport is needed for them.
+fn post_sends<P: ProtoEnd>(
+    conn: &mut dyn Connection,
+    proto: &mut P,
+    sends: &mut Vec<(WrId, SendBuf)>,
+    sent: &mut Vec<(WrId, Result<(), TransportError>)>,
+) -> Result<(), Fatal> {
+    conn.post_send_batch_reporting(sends, sent).map_err(Fatal::Transport)?;
+    rpc_transport::take_each(sent, |(wr_id, result)| {
+        proto.handle_send(wr_id, result.map_err(|e| e.to_string())).map_err(Fatal::Protocol)
+    })
 }
 
 /// After the connection closed: carries out the revocations the state machine still asks for

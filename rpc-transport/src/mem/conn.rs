@@ -76,16 +76,15 @@ fn link_deaths(a: &Arc<Soft>, b: &Arc<Soft>) {
     b.set_on_death(follow(a));
 }
 
-impl Connection for MemConnection {
-    fn info(&self) -> &ConnInfo {
-        &self.info
-    }
-
-    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError> {
-        self.local.post_recv(buf)
-    }
-
-    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
+impl MemConnection {
+    /// `post_send`; with `done`, a SEND delivered at once is reported there (see
+    /// `Connection::post_send_batch_reporting`).
+    fn send(
+        &mut self,
+        wr_id: WrId,
+        msg: SendBuf,
+        done: Option<&mut Vec<(WrId, Result<(), TransportError>)>>,
+    ) -> Result<(), TransportError> {
         let max = self.info.peer_recv_size as usize;
         if msg.len() > max {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
@@ -93,15 +92,20 @@ impl Connection for MemConnection {
         if self.plan.completion_delay().is_zero() && self.delay.is_idle() && !self.plan.black_holed() {
             // Delivered and completed here, in order (nothing is delayed before it): the SEND
             // is never pending, so nothing is recorded.
-            return self.local.send_at_once(wr_id, || {
-                let delivered = match self.plan.next_send_fault() {
-                    SendFault::Fail => return Err(TransportError::Injected("fail_next_completions")),
-                    SendFault::Corrupt => self.peer.deliver(&corrupt(&msg)),
-                    SendFault::None => self.peer.deliver(&msg),
-                };
-                // A delivery that kills the peer takes this end down too.
-                delivered.map_err(|death| TransportError::Disconnected(death.detail().context("peer closed")))
-            });
+            return self.local.send_at_once(
+                wr_id,
+                || {
+                    let delivered = match self.plan.next_send_fault() {
+                        SendFault::Fail => return Err(TransportError::Injected("fail_next_completions")),
+                        SendFault::Corrupt => self.peer.deliver(&corrupt(&msg)),
+                        SendFault::None => self.peer.deliver(&msg),
+                    };
+                    // A delivery that kills the peer takes this end down too.
+                    delivered
+                        .map_err(|death| TransportError::Disconnected(death.detail().context("peer closed")))
+                },
+                done,
+            );
         }
         let op = self.local.begin_send(wr_id)?;
         if self.plan.black_holed() {
@@ -124,6 +128,28 @@ impl Connection for MemConnection {
             }
         });
         Ok(())
+    }
+}
+
+impl Connection for MemConnection {
+    fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError> {
+        self.local.post_recv(buf)
+    }
+
+    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
+        self.send(wr_id, msg, None)
+    }
+
+    fn post_send_batch_reporting(
+        &mut self,
+        sends: &mut Vec<(WrId, SendBuf)>,
+        done: &mut Vec<(WrId, Result<(), TransportError>)>,
+    ) -> Result<(), TransportError> {
+        crate::take_each(sends, |(wr_id, msg)| self.send(wr_id, msg, Some(&mut *done)))
     }
 
     fn pool(&self) -> &MemPool {

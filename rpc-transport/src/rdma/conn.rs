@@ -333,6 +333,29 @@ impl Connection for RdmaConnection {
         result
     }
 
+    fn post_send_batch_reporting(
+        &mut self,
+        sends: &mut Vec<(WrId, SendBuf)>,
+        done: &mut Vec<(WrId, Result<(), TransportError>)>,
+    ) -> Result<(), TransportError> {
+        let before = self.ready.len();
+        let result = self.post_send_batch(sends);
+        // What the posting completed (unsignaled SENDs, reported once posted; or SENDs flushed
+        // by a failure) was appended to `ready`: SEND completions go to the caller, the rest
+        // stay, in order.
+        let mut i = before;
+        while i < self.ready.len() {
+            if matches!(self.ready[i], Completion::Send { .. }) {
+                if let Some(Completion::Send { wr_id, result }) = self.ready.remove(i) {
+                    done.push((wr_id, result));
+                }
+            } else {
+                i += 1;
+            }
+        }
+        result
+    }
+
     fn pool(&self) -> &MemPool {
         &self.pool
     }

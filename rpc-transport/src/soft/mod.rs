@@ -219,20 +219,32 @@ impl Soft {
     /// [`Soft::begin_send`] counts it, carried out by `send` outside the lock, then completed
     /// with `send`'s result, never recorded as pending. `Err` (and `send` not called) if the
     /// endpoint is dead; if it dies meanwhile, the SEND completes as a flushed one does.
+    /// With `done`, the completion goes there instead of to the queue `poll_completions` empties
+    /// (see `Connection::post_send_batch_reporting`).
     pub(crate) fn send_at_once(
         &self,
         wr_id: WrId,
         send: impl FnOnce() -> Result<(), TransportError>,
+        done: Option<&mut Vec<(WrId, Result<(), TransportError>)>>,
     ) -> Result<(), TransportError> {
         self.update(|st| st.begin_send_at_once()).map_err(|d| d.to_error())?;
         let result = send();
-        self.update(|st| st.complete_send_at_once(wr_id, result));
+        match done {
+            Some(done) => done.push((wr_id, self.lock().send_at_once_result(result))),
+            None => self.update(|st| st.complete_send_at_once(wr_id, result)),
+        }
         Ok(())
     }
 
     /// Completes a pending SEND (no effect if it was flushed meanwhile).
     pub(crate) fn complete_send(&self, op: OpId, result: Result<(), TransportError>) {
         self.update(|st| st.complete_send(op, result))
+    }
+
+    /// Forgets a pending SEND the caller reports as complete itself; `false` if it was flushed
+    /// meanwhile (then its completion is queued as usual).
+    pub(crate) fn forget_send(&self, op: OpId) -> bool {
+        self.lock().forget_send(op)
     }
 
     /// Completes several pending SENDs successfully, in the given order, under one lock.

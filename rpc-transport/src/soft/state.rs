@@ -188,11 +188,30 @@ impl State {
     /// Completes a SEND carried out at once: with its result, or as flushed (as [`State::die`]
     /// completes pending SENDs) if the endpoint died meanwhile.
     pub(super) fn complete_send_at_once(&mut self, wr_id: WrId, result: Result<(), TransportError>) {
-        let result = match &self.dead {
+        let result = self.send_at_once_result(result);
+        self.push(Completion::Send { wr_id, result });
+    }
+
+    /// What a SEND carried out at once completes with: its own result, or the endpoint's death
+    /// if it died meanwhile.
+    pub(super) fn send_at_once_result(
+        &self,
+        result: Result<(), TransportError>,
+    ) -> Result<(), TransportError> {
+        match &self.dead {
             Some(death) => Err(TransportError::Disconnected(death.detail())),
             None => result,
-        };
-        self.push(Completion::Send { wr_id, result });
+        }
+    }
+
+    /// Forgets a pending SEND that completed as it was posted, the caller reporting it; `false`
+    /// if it was flushed meanwhile (its completion is then already queued).
+    pub(super) fn forget_send(&mut self, op: OpId) -> bool {
+        if let Some(Pending::Send(_)) = self.pending.get(op) {
+            self.pending.remove(op);
+            return true;
+        }
+        false
     }
 
     pub(super) fn complete_send(&mut self, op: OpId, result: Result<(), TransportError>) {

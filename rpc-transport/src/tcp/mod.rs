@@ -213,16 +213,15 @@ impl TcpConnection {
     }
 }
 
-impl Connection for TcpConnection {
-    fn info(&self) -> &ConnInfo {
-        &self.info
-    }
-
-    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError> {
-        self.soft.post_recv(buf)
-    }
-
-    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
+impl TcpConnection {
+    /// `post_send`; with `done`, a SEND written to the socket here is reported there (see
+    /// `Connection::post_send_batch_reporting`).
+    fn send(
+        &mut self,
+        wr_id: WrId,
+        msg: SendBuf,
+        done: Option<&mut Vec<(WrId, Result<(), TransportError>)>>,
+    ) -> Result<(), TransportError> {
         let max = self.info.peer_recv_size as usize;
         if msg.len() > max {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
@@ -236,9 +235,39 @@ impl Connection for TcpConnection {
         if let Direct::Written = self.out.send_now(op, msg) {
             self.direct_unpolled = true;
             self.soft.count(|c| c.sends_direct += 1);
-            self.soft.complete_send(op, Ok(()));
+            match done {
+                // Unless the connection died meanwhile (then its flush is queued as usual).
+                Some(done) => {
+                    if self.soft.forget_send(op) {
+                        done.push((wr_id, Ok(())));
+                    }
+                }
+                None => self.soft.complete_send(op, Ok(())),
+            }
         }
         Ok(())
+    }
+}
+
+impl Connection for TcpConnection {
+    fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    fn post_recv(&mut self, buf: RecvBuffer) -> Result<(), TransportError> {
+        self.soft.post_recv(buf)
+    }
+
+    fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
+        self.send(wr_id, msg, None)
+    }
+
+    fn post_send_batch_reporting(
+        &mut self,
+        sends: &mut Vec<(WrId, SendBuf)>,
+        done: &mut Vec<(WrId, Result<(), TransportError>)>,
+    ) -> Result<(), TransportError> {
+        crate::take_each(sends, |(wr_id, msg)| self.send(wr_id, msg, Some(&mut *done)))
     }
 
     fn pool(&self) -> &MemPool {
