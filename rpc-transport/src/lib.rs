@@ -517,8 +517,9 @@ pub trait Connection: Send + fmt::Debug + 'static {
     /// posted (rdma: an unsignaled SEND; tcp: written to the socket by this call; mem: delivered
     /// by this call) are appended to `done` with their results instead of coming back from
     /// [`Connection::poll_completions`]: the caller handles them at once, without polling again
-    /// for them. Such a SEND never overtakes an earlier one still pending, so SENDs still
-    /// complete in posting order. The default reports none this way.
+    /// for them. A SEND is reported this way only when no SEND posted before it is still in
+    /// flight (a completion of an earlier one already waiting in the queue may still come out
+    /// of `poll_completions` after it). The default reports none this way.
     fn post_send_batch_reporting(
         &mut self,
         sends: &mut Vec<(WrId, SendBuf)>,

@@ -244,7 +244,7 @@ impl Soft {
     /// Forgets a pending SEND the caller reports as complete itself; `false` if it was flushed
     /// meanwhile (then its completion is queued as usual).
     pub(crate) fn forget_send(&self, op: OpId) -> bool {
-        self.lock().forget_send(op)
+        self.lock().take_send(op).is_some()
     }
 
     /// Completes several pending SENDs successfully, in the given order, under one lock.

@@ -204,20 +204,17 @@ impl State {
         }
     }
 
-    /// Forgets a pending SEND that completed as it was posted, the caller reporting it; `false`
-    /// if it was flushed meanwhile (its completion is then already queued).
-    pub(super) fn forget_send(&mut self, op: OpId) -> bool {
-        if let Some(Pending::Send(_)) = self.pending.get(op) {
-            self.pending.remove(op);
-            return true;
-        }
-        false
+    /// Takes a pending SEND off the pending operations and returns its id; `None` if it was
+    /// flushed meanwhile (its completion is then already queued).
+    pub(super) fn take_send(&mut self, op: OpId) -> Option<WrId> {
+        let Some(Pending::Send(wr_id)) = self.pending.get(op) else { return None };
+        let wr_id = *wr_id;
+        self.pending.remove(op);
+        Some(wr_id)
     }
 
     pub(super) fn complete_send(&mut self, op: OpId, result: Result<(), TransportError>) {
-        if let Some(Pending::Send(wr_id)) = self.pending.get(op) {
-            let wr_id = *wr_id;
-            self.pending.remove(op);
+        if let Some(wr_id) = self.take_send(op) {
             self.push(Completion::Send { wr_id, result });
         }
     }

@@ -146,7 +146,7 @@ struct TcpConnection {
     soft: Arc<Soft>,
     push: Arc<Push>,
     out: Outbox,
-    /// A SEND was written directly and its completion not polled yet: we are in a burst, whose
+    /// A SEND was written directly since completions were last polled: we are in a burst, whose
     /// next SENDs go to the writer (one vectored write for all) rather than one system call each.
     direct_unpolled: bool,
     info: ConnInfo,
