@@ -213,6 +213,29 @@ over_all_transports! {
         assert!(matches!(client.echo(Bytes::new()).await, Err(CallError::Disconnected(_))));
     }
 
+    async fn a_lone_call_fails_when_the_peer_dies(kind: Kind) {
+        // Alone in flight, the call drives the connection from its own task: the connection's
+        // death must reach it there, eager or rendezvous.
+        for len in [10, THRESHOLD * 8] {
+            let bind = kind.bind_addr().parse().unwrap();
+            let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
+            let addr = listener.local_addr().to_string();
+            let config = ClientConfig::default().proto(common::proto());
+            let (client, conn) = tokio::join!(Client::connect(&addr, config), listener.accept());
+            let (client, mut conn) = (common::EchoClient::new(client.unwrap()), conn.unwrap());
+            let stub = client.clone();
+            let call = tokio::spawn(async move { stub.echo(pattern(len, 9)).await });
+            next_frame(conn.as_mut()).await;
+            conn.close();
+            drop(conn);
+            drop(listener);
+            let r = call.await.unwrap();
+            assert!(matches!(r, Err(CallError::Disconnected(_))), "len {len}: {r:?}");
+            assert!(matches!(client.echo(Bytes::new()).await, Err(CallError::Disconnected(_))), "len {len}");
+            assert!(client.client().stats().await.is_err(), "len {len}: the driver task has ended");
+        }
+    }
+
     async fn garbage_from_one_client_leaves_other_connections_working(kind: Kind) {
         let s = setup(kind).await;
         let addr: transport::Address = s.addr.parse().unwrap();

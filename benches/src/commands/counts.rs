@@ -101,6 +101,8 @@ struct Row {
     allocations: Option<f64>,
     bytes: Option<f64>,
     caller_polls: f64,
+    /// Passes over the connection run by the caller's task (a lone call drives its connection).
+    caller_passes: f64,
     client_driver_polls: f64,
     server_driver_polls: Option<f64>,
     handlers_spawned: Option<f64>,
@@ -190,6 +192,7 @@ async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<R
         allocations: m.alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
         bytes: m.alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
         caller_polls: per_call(m.caller_polls),
+        caller_passes: per_call(client1.caller_passes - client0.caller_passes),
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
         server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
         handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
@@ -236,6 +239,7 @@ async fn measure_pipelined(transport: &str, args: &CountsArgs) -> Result<Row, Be
         allocations: alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
         bytes: alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
         caller_polls: per_call(caller_polls),
+        caller_passes: per_call(client1.caller_passes - client0.caller_passes),
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
         server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
         handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
@@ -297,6 +301,7 @@ async fn measure_client_alone(kind: CallKind, args: &CountsArgs) -> Result<Row, 
         allocations: m.alloc.map(|(a, b)| per_call(b.allocations - a.allocations)),
         bytes: m.alloc.map(|(a, b)| per_call(b.bytes - a.bytes)),
         caller_polls: per_call(m.caller_polls),
+        caller_passes: per_call(client1.caller_passes - client0.caller_passes),
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
         server_driver_polls: None,
         handlers_spawned: None,
@@ -363,18 +368,19 @@ fn print(args: &CountsArgs, rows: &[Row]) {
     );
     println!();
     println!(
-        "| transport | call | allocations | bytes allocated | caller polls | client driver polls | server driver polls | handler tasks |"
+        "| transport | call | allocations | bytes allocated | caller polls | caller passes | client driver polls | server driver polls | handler tasks |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let opt = |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} |",
             r.transport,
             r.call,
             opt(r.allocations, 2),
             opt(r.bytes, 0),
             r.caller_polls,
+            r.caller_passes,
             r.client_driver_polls,
             opt(r.server_driver_polls, 2),
             opt(r.handlers_spawned, 2),

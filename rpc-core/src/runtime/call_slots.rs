@@ -109,9 +109,10 @@ impl CallSlots {
 
     /// The driver's side: delivers `result` to call `call_id` at `at` (the driver's clock
     /// reading of this wake-up: the caller's metrics take the call's end from it instead of
-    /// reading the clock again) and wakes its caller. Returns false if the caller has gone (its
-    /// slot was given back).
-    pub(crate) fn complete(&self, call_id: u64, result: CallResult, at: Instant) -> bool {
+    /// reading the clock again) and, if `wake`, wakes its caller (not when the caller itself runs
+    /// the pass that delivers it: it looks at its slot next). Returns false if the caller has
+    /// gone (its slot was given back).
+    pub(crate) fn complete(&self, call_id: u64, result: CallResult, at: Instant, wake: bool) -> bool {
         let waker = {
             let mut inner = self.lock();
             let Some(slot) = key_of(call_id).and_then(|k| inner.slots.get_mut(k)) else { return false };
@@ -124,7 +125,7 @@ impl CallSlots {
                 _ => return false,
             }
         };
-        if let Some(w) = waker {
+        if let Some(w) = waker.filter(|_| wake) {
             w.wake();
         }
         true
@@ -193,7 +194,7 @@ mod tests {
         assert_ne!(id, 0);
         assert!(slots.poll_result(id, &mut cx).is_pending());
         let at = Instant::now() + std::time::Duration::from_secs(5);
-        assert!(slots.complete(id, ok(7), at));
+        assert!(slots.complete(id, ok(7), at, true));
         assert_eq!(wakes.0.load(Ordering::Relaxed), 1, "the caller was woken");
         match slots.poll_result(id, &mut cx) {
             Poll::Ready((Ok((b, _)), when)) => {
@@ -203,7 +204,7 @@ mod tests {
             other => panic!("expected the result, got {other:?}"),
         }
         assert_eq!(slots.lock().slots.len(), 0, "the slot is free");
-        assert!(!slots.complete(id, ok(8), Instant::now()), "a finished call takes no second result");
+        assert!(!slots.complete(id, ok(8), Instant::now(), true), "a finished call takes no second result");
     }
 
     #[test]
@@ -215,11 +216,11 @@ mod tests {
         assert_eq!(key_of(first), key_of(second), "the slot is reused");
         assert_ne!(first, second);
         assert!(
-            !slots.complete(first, ok(1), Instant::now()),
+            !slots.complete(first, ok(1), Instant::now(), true),
             "the old call's result does not reach the new one"
         );
         assert!(!slots.abandon(first));
-        assert!(slots.complete(second, ok(2), Instant::now()));
+        assert!(slots.complete(second, ok(2), Instant::now(), true));
         assert!(!slots.abandon(second), "already done: nothing to cancel");
     }
 
@@ -232,7 +233,7 @@ mod tests {
         let waiting = slots.open().unwrap();
         let done = slots.open().unwrap();
         assert!(slots.poll_result(waiting, &mut cx).is_pending());
-        assert!(slots.complete(done, ok(3), Instant::now()));
+        assert!(slots.complete(done, ok(3), Instant::now(), true));
         slots.close("gone".into());
         assert_eq!(wakes.0.load(Ordering::Relaxed), 1);
         match slots.poll_result(waiting, &mut cx) {

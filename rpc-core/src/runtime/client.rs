@@ -4,8 +4,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,6 +22,7 @@ use super::config::{CallOptions, ClientConfig, Reconnect};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handshake;
 use super::observe::{self, MethodName};
+use super::wake_route::Route;
 use crate::context::{self, MetadataError, TRACE_ID_KEY};
 use crate::error::{CallError, ConnectError, RemoteError};
 use crate::proto::{CallFailure, CallInfo, ClientEvent, ClientProto, MethodId, Payload, StartError};
@@ -57,6 +58,123 @@ struct Conn {
     pool: MemPool,
     /// Largest payload the server takes inline.
     eager_limit: usize,
+    /// The bound of `in_flight`: a call holding the only permit taken is alone.
+    max_in_flight: usize,
+    /// The driver's state, for a call that drives the connection itself (gone with the driver
+    /// task). `None`: [`ClientConfig::caller_drives`] is off.
+    engine: Option<Weak<Engine>>,
+    /// Where the connection's wake-ups go.
+    route: Arc<Route>,
+}
+
+impl Conn {
+    /// Starts call command `cmd` in the calling task when the connection has no other call in
+    /// flight and no other task holds its state; gives `cmd` back otherwise (it then goes
+    /// through the queue). The caller then drives the connection until its call ends.
+    fn start_here(&self, cmd: Command) -> Result<(), Command> {
+        // Another call holds a permit: it is in flight (a look at the semaphore, not the lock).
+        if self.in_flight.available_permits() + 1 < self.max_in_flight {
+            return Err(cmd);
+        }
+        let Some(engine) = self.engine.as_ref().and_then(Weak::upgrade) else { return Err(cmd) };
+        let mut state = match engine.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(cmd),
+        };
+        if state.finished || state.closing || state.proto.calls_in_flight() > 0 {
+            return Err(cmd);
+        }
+        state.run_command(cmd);
+        Ok(())
+    }
+
+    /// One pass over the connection (the driver's work) by the caller of call `call_id`, which
+    /// drives it: what the pass posts, receives and arms wakes this task through the route.
+    fn drive(&self, call_id: u64, cx: &mut Context<'_>) {
+        let Some(engine) = self.engine.as_ref().and_then(Weak::upgrade) else { return };
+        let Some(mut state) = engine.try_lock() else { return };
+        self.route.caller_pass(call_id, cx.waker());
+        state.quiet = Some(call_id);
+        state.caller_passes += 1;
+        let ended = {
+            let _in_conn = engine.span.enter();
+            state.pass(&mut Context::from_waker(&engine.waker))
+        };
+        state.quiet = None;
+        drop(state);
+        if ended.is_ready() {
+            // The driver task ends at its next poll.
+            self.route.wake_task();
+        }
+        self.route.released();
+    }
+
+    /// The caller's poll of call `call_id`: a pass over the connection first when it drives.
+    fn poll_call(
+        &self,
+        call_id: u64,
+        driving: bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<(CallResult, tokio::time::Instant)> {
+        if driving {
+            self.drive(call_id, cx);
+        }
+        self.slots.poll_result(call_id, cx)
+    }
+}
+
+/// A connection's driver state, shared by its driver task and, while a call is alone in flight,
+/// the task that made it ([`ClientConfig::caller_drives`]). The driver task holds the only
+/// strong reference (a caller's pass holds another while it runs): the connection goes when
+/// the task ends.
+struct Engine {
+    state: Mutex<ClientDriver>,
+    /// The route's waker: every pass polls the connection, timer and queue with it.
+    waker: Waker,
+    /// The connection's span, entered by a caller's pass (the driver task runs inside it).
+    span: tracing::Span,
+    route: Arc<Route>,
+}
+
+impl Engine {
+    /// The state for a pass if no other task holds it; `None` (and the holder, at its release,
+    /// wakes the route again) if one does.
+    fn try_lock(&self) -> Option<MutexGuard<'_, ClientDriver>> {
+        let attempt = || match self.state.try_lock() {
+            Ok(state) => Some(state),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        attempt().or_else(|| {
+            // Noted before the second look: a holder that releases after it sees the note.
+            self.route.missed();
+            attempt()
+        })
+    }
+}
+
+/// The connection's driver task: passes over the connection whenever the route wakes it.
+struct DriverTask(Arc<Engine>);
+
+impl Future for DriverTask {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let engine = &*self.0;
+        // A caller's pass holds the lock for one pass at most, never across an await.
+        let mut state = engine.state.lock().unwrap_or_else(|e| e.into_inner());
+        engine.route.task_pass(cx.waker());
+        state.polls += 1;
+        let ended = state.pass(&mut Context::from_waker(&engine.waker));
+        drop(state);
+        if ended.is_ready() {
+            engine.route.clear();
+            return Poll::Ready(());
+        }
+        engine.route.released();
+        Poll::Pending
+    }
 }
 
 /// Where a client's connection is: fixed for its life, or replaced by the reconnect task.
@@ -256,12 +374,19 @@ impl Client {
             let Some(call_id) = conn.slots.open() else { break 'call Err(self.not_connected()) };
             finish.span.record("call_id", call_id);
             let command = Command::Call { call_id, method, payload, metadata, timeout: remaining, at };
-            if conn.commands.send(command).is_err() {
-                conn.slots.abandon(call_id);
-                break 'call Err(self.not_connected());
-            }
-            let guard = CancelOnDrop { call_id, conn: &conn, armed: true };
-            let (result, at) = std::future::poll_fn(|cx| conn.slots.poll_result(call_id, cx)).await;
+            // Alone on the connection, the call is started here and this task drives it.
+            let driving = match conn.start_here(command) {
+                Ok(()) => true,
+                Err(command) => {
+                    if conn.commands.send(command).is_err() {
+                        conn.slots.abandon(call_id);
+                        break 'call Err(self.not_connected());
+                    }
+                    false
+                }
+            };
+            let guard = CancelOnDrop { call_id, conn: &conn, armed: true, driving };
+            let (result, at) = std::future::poll_fn(|cx| conn.poll_call(call_id, driving, cx)).await;
             guard.disarm();
             ended = Some(at);
             result
@@ -356,16 +481,28 @@ async fn open(
         scratch: driver::Scratch::new(),
         sleep: driver::Timer::new(),
         closing: false,
+        finished: false,
+        quiet: None,
         polls: 0,
+        caller_passes: 0,
     };
+    let route = Arc::new(Route::default());
+    let engine = Arc::new(Engine {
+        state: Mutex::new(driver),
+        waker: route.waker(),
+        span: span.clone(),
+        route: route.clone(),
+    });
+    let weak = config.caller_drives.then(|| Arc::downgrade(&engine));
     let (done_tx, done) = oneshot::channel::<()>();
     let task = async move {
-        driver.await;
+        DriverTask(engine).await;
         drop(done_tx);
     };
     tokio::spawn(task.instrument(span));
-    let in_flight = Semaphore::new(config.proto.max_in_flight as usize);
-    let conn = Conn { commands, slots, in_flight, pool, eager_limit };
+    let max_in_flight = config.proto.max_in_flight as usize;
+    let in_flight = Semaphore::new(max_in_flight);
+    let conn = Conn { commands, slots, in_flight, pool, eager_limit, max_in_flight, engine: weak, route };
     Ok((Arc::new(conn), done, info.peer))
 }
 
@@ -415,6 +552,8 @@ struct CancelOnDrop<'a> {
     call_id: u64,
     conn: &'a Conn,
     armed: bool,
+    /// The call's task drives the connection: it stops when the call ends.
+    driving: bool,
 }
 
 impl CancelOnDrop<'_> {
@@ -427,6 +566,10 @@ impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed && self.conn.slots.abandon(self.call_id) {
             let _ = self.conn.commands.send(Command::Cancel { call_id: self.call_id });
+        }
+        if self.driving {
+            // Wake-ups go to the driver task again (with one this task did not handle).
+            self.conn.route.caller_done(self.call_id);
         }
     }
 }
@@ -458,7 +601,8 @@ impl Drop for Finish {
     }
 }
 
-/// The task that owns a client connection and its state machine.
+/// A client connection and its state machine: what its driver task (or a caller driving it)
+/// works on.
 struct ClientDriver {
     proto: ClientProto,
     conn: Box<dyn Connection>,
@@ -470,8 +614,15 @@ struct ClientDriver {
     scratch: driver::Scratch,
     sleep: driver::Timer,
     closing: bool,
-    /// Times this driver was polled (for [`ConnStats`]).
+    /// The driver has ended (failed or closed): every further pass returns at once.
+    finished: bool,
+    /// The call whose caller runs this pass: its result is delivered without waking it (it
+    /// looks at its slot after the pass).
+    quiet: Option<u64>,
+    /// Times the driver task was polled (for [`ConnStats`]).
     polls: u64,
+    /// Passes run by callers driving the connection (for [`ConnStats`]).
+    caller_passes: u64,
 }
 
 impl ClientDriver {
@@ -503,7 +654,7 @@ impl ClientDriver {
             Command::Call { call_id, method, payload, metadata, timeout, at } => {
                 // The deadline counts from when the caller measured `timeout`: no clock read here.
                 if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, at.into_std()) {
-                    self.slots.complete(call_id, Err(start_error(e)), at);
+                    self.slots.complete(call_id, Err(start_error(e)), at, true);
                 }
             }
             Command::Cancel { call_id } => {
@@ -517,6 +668,7 @@ impl ClientDriver {
                     transport: self.conn.counters(),
                     calls_in_flight: self.proto.calls_in_flight(),
                     driver_polls: self.polls,
+                    caller_passes: self.caller_passes,
                     handlers_inline: 0,
                     handlers_spawned: 0,
                     handler_boxes: 0,
@@ -529,8 +681,10 @@ impl ClientDriver {
         while let Some(ClientEvent::Completed { call_id, result, info }) = self.proto.poll_event() {
             // This wake-up's reading (taken already to handle the response that ended the call).
             let at = self.scratch.clock.now();
-            // A caller that has gone (its cancel not yet taken) gets nothing.
-            self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at);
+            // A caller that has gone (its cancel not yet taken) gets nothing; one running this
+            // pass looks at its slot after it.
+            let wake = self.quiet != Some(call_id);
+            self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
         }
     }
 
@@ -575,25 +729,29 @@ impl Drop for ClientDriver {
     }
 }
 
-impl Future for ClientDriver {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = &mut *self;
-        this.polls += 1;
-        this.scratch.clock.reset();
+impl ClientDriver {
+    /// One pass: rounds of work until nothing progresses (`Pending`; `cx`'s waker, the route's,
+    /// is registered wherever the driver waits) or the driver ends (`Ready`: failed, or closed
+    /// after the last handle went).
+    fn pass(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.finished {
+            return Poll::Ready(());
+        }
+        self.scratch.clock.reset();
         let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
-            match this.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
+            match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
                 Err(fatal) => {
-                    this.fail(fatal);
+                    self.fail(fatal);
+                    self.finished = true;
                     return Poll::Ready(());
                 }
                 // The last handle is gone: close once the cancels and done reports are out and
                 // the server has reported our regions READ (bounded by the done timeout).
-                Ok(_) if this.closing && this.proto.is_idle() => {
+                Ok(_) if self.closing && self.proto.is_idle() => {
                     tracing::debug!("last client handle dropped; closing");
-                    this.conn.close();
+                    self.conn.close();
+                    self.finished = true;
                     return Poll::Ready(());
                 }
                 Ok(true) => continue,

@@ -25,6 +25,13 @@ pub struct ClientConfig {
     /// port 1, GID index 1, no busy-polling. Each `RPC_RDMA_*` environment variable, when set,
     /// overrides its field.
     pub rdma: rpc_transport::RdmaSettings,
+    /// A call made while no other is in flight on its connection does the connection driver's
+    /// work in the calling task: it posts its request and polls the connection while it waits,
+    /// so that a call takes one task's wake-ups instead of the caller's and the driver's, and no
+    /// queue between them. Calls made while others are in flight go through the driver task, which
+    /// batches their SENDs. Default `true`; `false`: every call goes through the driver task.
+    /// No memory cost either way.
+    pub caller_drives: bool,
 }
 
 impl Default for ClientConfig {
@@ -35,6 +42,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(10),
             reconnect: None,
             rdma: rpc_transport::RdmaSettings::default(),
+            caller_drives: true,
         }
     }
 }
@@ -103,6 +111,11 @@ impl ClientConfig {
     /// Calls without a deadline of their own wait for as long as the connection lives.
     pub fn no_default_deadline(mut self) -> Self {
         self.default_deadline = None;
+        self
+    }
+    /// Sets [`ClientConfig::caller_drives`].
+    pub fn caller_drives(mut self, on: bool) -> Self {
+        self.caller_drives = on;
         self
     }
 }

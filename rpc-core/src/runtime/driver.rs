@@ -36,6 +36,9 @@ pub struct ConnStats {
     /// Times the connection's driver task was polled since it started: its wake-ups (a poll
     /// that runs several rounds of work counts once).
     pub driver_polls: u64,
+    /// Passes over the connection run by the task of a call alone in flight, which drives the
+    /// connection itself (see `ClientConfig::caller_drives`). A client's; 0 on a server.
+    pub caller_passes: u64,
     /// Handlers that finished in their first poll, run inline in the connection's driver (no
     /// task spawned; see `ServerConfig::inline_handlers`). A server's; 0 on a client.
     pub handlers_inline: u64,
@@ -59,6 +62,7 @@ impl ConnStats {
             transport: self.transport.merged(&other.transport),
             calls_in_flight: self.calls_in_flight + other.calls_in_flight,
             driver_polls: self.driver_polls + other.driver_polls,
+            caller_passes: self.caller_passes + other.caller_passes,
             handlers_inline: self.handlers_inline + other.handlers_inline,
             handlers_spawned: self.handlers_spawned + other.handlers_spawned,
             handler_boxes: self.handler_boxes + other.handler_boxes,

@@ -1,6 +1,8 @@
-//! The tokio runtime around the protocol core: one driver task per connection (the only owner
-//! of the connection and its state machine, so the hot path takes no locks), client handles that
-//! talk to it over a queue, and a server that runs handlers concurrently.
+//! The tokio runtime around the protocol core: one driver task per connection, client handles
+//! that talk to it over a queue, and a server that runs handlers concurrently. A server's driver
+//! owns its connection and state machine outright; a client's shares them, behind a lock no one
+//! holds across an await, with the task of a call made while no other is in flight, which then
+//! drives the connection itself (`wake_route`), so a lone call needs no second task.
 
 mod call_slots;
 mod client;
@@ -10,6 +12,7 @@ mod driver;
 mod handshake;
 pub(crate) mod observe;
 mod server;
+mod wake_route;
 
 pub use client::Client;
 pub use config::{CallOptions, ClientConfig, Reconnect, ServerConfig};

@@ -720,6 +720,7 @@ impl ServerDriver {
             transport: self.conn.counters(),
             calls_in_flight: self.proto.calls_in_flight(),
             driver_polls: self.polls,
+            caller_passes: 0,
             handlers_inline: self.handlers_inline,
             handlers_spawned: self.handlers_spawned,
             handler_boxes: self.boxes.made(),

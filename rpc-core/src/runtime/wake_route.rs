@@ -1,0 +1,234 @@
+//! Where a client connection's wake-ups go: to its driver task, or to the caller that is driving
+//! the connection itself.
+//!
+//! A call made while no other is in flight does the driver's work in its own task (it posts its
+//! request and, while it waits, polls the connection): one task instead of two per call, no queue
+//! and no wake-up in between. The transport, the timer and the command queue are always polled
+//! with one waker, this route's ([`Route::waker`]), so they never see which task polls them (nor
+//! clone a new waker when it changes). A wake-up goes to the driving caller while there is one,
+//! else to the driver task.
+//!
+//! No wake-up is lost when the role moves:
+//! - `pending` says a wake-up came since the last pass over the connection began; a caller that
+//!   stops driving with one pending hands it on to the driver task;
+//! - `missed` says a task was woken but could not run a pass, because another held the
+//!   connection: whoever releases the connection next looks at it and wakes the route again.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Wake, Waker};
+
+#[derive(Default)]
+struct Inner {
+    /// The driver task's waker (set at its every poll).
+    task: Option<Waker>,
+    /// The caller driving the connection: its call's id and its task's waker.
+    caller: Option<(u64, Waker)>,
+    /// Woken since the last pass began.
+    pending: bool,
+    /// A task was woken but found the connection held by another.
+    missed: bool,
+}
+
+/// The wake-up route of one client connection.
+#[derive(Default)]
+pub(crate) struct Route {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("Route")
+            .field("caller", &inner.caller.as_ref().map(|(id, _)| *id))
+            .field("pending", &inner.pending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Route {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The waker to poll the connection with.
+    pub(crate) fn waker(self: &Arc<Self>) -> Waker {
+        Waker::from(self.clone())
+    }
+
+    /// A pass by the driver task begins: wake-ups go to `task` while no caller drives.
+    pub(crate) fn task_pass(&self, task: &Waker) {
+        let mut inner = self.lock();
+        match &inner.task {
+            Some(w) if w.will_wake(task) => {}
+            _ => inner.task = Some(task.clone()),
+        }
+        inner.pending = false;
+    }
+
+    /// A pass by the caller of call `call_id` begins: wake-ups go to `caller` until
+    /// [`Route::caller_done`].
+    pub(crate) fn caller_pass(&self, call_id: u64, caller: &Waker) {
+        let mut inner = self.lock();
+        match &inner.caller {
+            Some((id, w)) if *id == call_id && w.will_wake(caller) => {}
+            _ => inner.caller = Some((call_id, caller.clone())),
+        }
+        inner.pending = false;
+    }
+
+    /// Call `call_id`'s caller stops driving (its call ended, or its future was dropped): a
+    /// wake-up that came since its last pass began goes on to the driver task.
+    pub(crate) fn caller_done(&self, call_id: u64) {
+        let waker = {
+            let mut inner = self.lock();
+            if inner.caller.as_ref().is_none_or(|(id, _)| *id != call_id) {
+                return;
+            }
+            inner.caller = None;
+            if !inner.pending {
+                return;
+            }
+            inner.task.clone()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Wakes the driver task, whoever drives (a caller's pass ended the connection: the task
+    /// ends at its next poll).
+    pub(crate) fn wake_task(&self) {
+        let waker = self.lock().task.clone();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// The driver has ended: no waker is kept (a task's waker would keep its allocation alive
+    /// as long as anything holds this route).
+    pub(crate) fn clear(&self) {
+        let mut inner = self.lock();
+        inner.task = None;
+        inner.caller = None;
+    }
+
+    /// A task woken to run a pass found the connection held by another.
+    pub(crate) fn missed(&self) {
+        self.lock().missed = true;
+    }
+
+    /// The connection was released: if a task missed its pass meanwhile, the route is woken
+    /// again (its current target runs the pass).
+    pub(crate) fn released(self: &Arc<Self>) {
+        let missed = std::mem::take(&mut self.lock().missed);
+        if missed {
+            self.wake_by_ref();
+        }
+    }
+
+    /// Whether a caller drives the connection now (for tests).
+    #[cfg(test)]
+    fn driven_by(&self) -> Option<u64> {
+        self.lock().caller.as_ref().map(|(id, _)| *id)
+    }
+}
+
+impl Wake for Route {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let waker = {
+            let mut inner = self.lock();
+            inner.pending = true;
+            match &inner.caller {
+                Some((_, w)) => Some(w.clone()),
+                None => inner.task.clone(),
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn counter() -> (Arc<Count>, Waker) {
+        let c = Arc::new(Count::default());
+        (c.clone(), Waker::from(c))
+    }
+
+    fn n(c: &Count) -> usize {
+        c.0.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn wake_ups_go_to_the_driving_caller_and_back_to_the_task() {
+        let route = Arc::new(Route::default());
+        let (task, task_waker) = counter();
+        let (caller, caller_waker) = counter();
+        let waker = route.waker();
+        route.task_pass(&task_waker);
+        waker.wake_by_ref();
+        assert_eq!((n(&task), n(&caller)), (1, 0), "no caller drives: the task");
+        route.caller_pass(7, &caller_waker);
+        assert_eq!(route.driven_by(), Some(7));
+        waker.wake_by_ref();
+        assert_eq!((n(&task), n(&caller)), (1, 1), "the driving caller");
+        // The caller ran a pass after that wake-up, then its call ended: nothing to hand on.
+        route.caller_pass(7, &caller_waker);
+        route.caller_done(7);
+        assert_eq!((n(&task), n(&caller)), (1, 1));
+        waker.wake_by_ref();
+        assert_eq!((n(&task), n(&caller)), (2, 1), "back to the task");
+    }
+
+    #[test]
+    fn a_wake_up_the_caller_did_not_handle_goes_on_to_the_task() {
+        let route = Arc::new(Route::default());
+        let (task, task_waker) = counter();
+        let (caller, caller_waker) = counter();
+        route.task_pass(&task_waker);
+        route.caller_pass(3, &caller_waker);
+        route.waker().wake();
+        assert_eq!((n(&task), n(&caller)), (0, 1));
+        // Woken, the caller found its result without another pass (or was dropped).
+        route.caller_done(3);
+        assert_eq!((n(&task), n(&caller)), (1, 1), "the pending wake-up is handed on");
+        route.caller_done(3);
+        assert_eq!(n(&task), 1, "only the driving caller's end counts, once");
+        // Another call's end does not take the role from the driving one.
+        route.caller_pass(4, &caller_waker);
+        route.caller_done(5);
+        assert_eq!(route.driven_by(), Some(4));
+    }
+
+    #[test]
+    fn a_missed_pass_wakes_the_route_when_the_connection_is_released() {
+        let route = Arc::new(Route::default());
+        let (task, task_waker) = counter();
+        route.task_pass(&task_waker);
+        route.released();
+        assert_eq!(n(&task), 0, "nothing missed: no wake-up");
+        route.missed();
+        route.released();
+        assert_eq!(n(&task), 1);
+        route.released();
+        assert_eq!(n(&task), 1, "a miss is handed on once");
+    }
+}

@@ -1,0 +1,91 @@
+//! A call made while no other is in flight drives its connection from its own task
+//! (`ClientConfig::caller_drives`): it posts its request and polls the connection while it
+//! waits. The role moves between tasks as calls come and go; none of it may lose a wake-up,
+//! whatever mix of lone calls, concurrent calls, cancelled calls and rendezvous payloads. (A
+//! lone call whose peer dies: `e2e_failures`.)
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{pattern, Kind, THRESHOLD};
+use rpc_core::{ClientConfig, ServerConfig};
+
+async fn setup(kind: Kind, caller_drives: bool) -> common::Setup {
+    let client_cfg = ClientConfig::default().proto(common::proto()).caller_drives(caller_drives);
+    common::setup_with(kind, ServerConfig::default().proto(common::proto()), client_cfg).await
+}
+
+over_all_transports! {
+    async fn lone_calls_are_driven_by_their_callers(kind: Kind) {
+        const CALLS: u64 = 50;
+        let s = setup(kind, true).await;
+        let before = s.client.client().stats().await.expect("stats");
+        for i in 0..CALLS {
+            // Eager and rendezvous (both directions) in turn.
+            let len = if i % 3 == 0 { THRESHOLD * 2 } else { 32 };
+            let data = pattern(len, i as u8);
+            assert_eq!(s.client.echo(data.clone()).await.expect("echo"), data);
+        }
+        let after = s.client.client().stats().await.expect("stats");
+        let passes = after.caller_passes - before.caller_passes;
+        assert!(passes >= CALLS, "every lone call drives its connection at least once: {passes} passes");
+    }
+
+    async fn with_caller_drives_off_every_call_goes_through_the_driver_task(kind: Kind) {
+        const CALLS: u64 = 20;
+        let s = setup(kind, false).await;
+        let before = s.client.client().stats().await.expect("stats");
+        for i in 0..CALLS {
+            let data = pattern(32, i as u8);
+            assert_eq!(s.client.echo(data.clone()).await.expect("echo"), data);
+        }
+        let after = s.client.client().stats().await.expect("stats");
+        assert_eq!(after.caller_passes, 0);
+        assert!(after.driver_polls - before.driver_polls >= CALLS, "the driver task ran every call");
+    }
+
+    async fn the_role_moves_between_many_tasks_and_every_call_completes(kind: Kind) {
+        // 8 tasks on 2 worker threads, each alternating lone-looking and overlapping calls of
+        // both paths: a call starts alone (driving) or queued, depending on the others.
+        const TASKS: usize = 8;
+        const CALLS: usize = 60;
+        let s = setup(kind, true).await;
+        let mut tasks = Vec::new();
+        for t in 0..TASKS {
+            let client = s.client.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..CALLS {
+                    let len = if (t + i) % 7 == 0 { THRESHOLD + 100 } else { 16 + i };
+                    let data = pattern(len, (t * CALLS + i) as u8);
+                    assert_eq!(client.echo(data.clone()).await.expect("echo"), data, "task {t} call {i}");
+                    if i % 5 == t % 5 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("caller task");
+        }
+        let stats = s.client.client().stats().await.expect("stats");
+        assert_eq!(stats.calls_in_flight, 0);
+    }
+
+    async fn a_driving_call_dropped_mid_flight_leaves_the_connection_to_the_others(kind: Kind) {
+        let s = setup(kind, true).await;
+        for round in 0..5u64 {
+            // Alone, so it drives; dropped while the server still works on it.
+            let slow = s.client.slow(300);
+            assert!(tokio::time::timeout(Duration::from_millis(20), slow).await.is_err(), "round {round}");
+            // The cancelled call may still count as in flight, so these go through the queue:
+            // they complete only if the dropped caller handed its wake-ups back to the driver.
+            let (a, b) = tokio::join!(s.client.echo(pattern(40, 1)), s.client.echo(pattern(THRESHOLD * 2, 2)));
+            assert_eq!(a.expect("echo a"), pattern(40, 1));
+            assert_eq!(b.expect("echo b"), pattern(THRESHOLD * 2, 2));
+            // And a lone call drives again.
+            assert_eq!(s.client.echo(Bytes::from_static(b"again")).await.expect("echo"), "again");
+        }
+    }
+}
