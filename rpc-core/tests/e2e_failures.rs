@@ -23,19 +23,28 @@ fn raw_params() -> ConnParams {
     }
 }
 
-/// A client whose rendezvous request (call 1 of `THRESHOLD * 4` bytes) a raw server received
-/// without READing it, and whose call future was then dropped (the Cancel was received).
-async fn advertised_then_dropped(
+/// A client connected to a raw server that speaks the protocol by hand: the client, the server's
+/// end of the connection, and its listener (kept until the caller drops it).
+async fn client_of_raw_server(
     kind: common::Kind,
     proto: ProtoConfig,
-) -> (Client, Box<dyn Connection>, Header, rpc_core::transport::RegionDesc) {
+) -> (Client, Box<dyn Connection>, Box<dyn transport::Listener>) {
     let bind = kind.bind_addr().parse().unwrap();
     let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
     let addr = listener.local_addr().to_string();
     // Connect and accept together: over rdma the handshake needs the accepting side (no backlog).
     let config = ClientConfig::default().proto(proto);
     let (client, conn) = tokio::join!(Client::connect(&addr, config), listener.accept());
-    let (client, mut conn) = (client.unwrap(), conn.unwrap());
+    (client.unwrap(), conn.unwrap(), listener)
+}
+
+/// A client whose rendezvous request (call 1 of `THRESHOLD * 4` bytes) a raw server received
+/// without READing it, and whose call future was then dropped (the Cancel was received).
+async fn advertised_then_dropped(
+    kind: common::Kind,
+    proto: ProtoConfig,
+) -> (Client, Box<dyn Connection>, Header, rpc_core::transport::RegionDesc) {
+    let (client, mut conn, _listener) = client_of_raw_server(kind, proto).await;
     let stub = common::EchoClient::new(client.clone());
     let call = tokio::spawn(async move { stub.echo(pattern(THRESHOLD * 4, 5)).await });
     let (header, body) = next_frame(conn.as_mut()).await;
@@ -186,13 +195,8 @@ over_all_transports! {
 
     async fn peer_killed_mid_rendezvous_fails_every_pending_call(kind: Kind) {
         // A raw server that accepts, takes the requests, then dies without answering.
-        let bind = kind.bind_addr().parse().unwrap();
-        let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
-        let addr = listener.local_addr().to_string();
-        // Connect and accept together: over rdma the handshake needs the accepting side (no backlog).
-        let config = ClientConfig::default().proto(common::proto());
-        let (client, conn) = tokio::join!(Client::connect(&addr, config), listener.accept());
-        let (client, mut conn) = (common::EchoClient::new(client.unwrap()), conn.unwrap());
+        let (client, mut conn, listener) = client_of_raw_server(kind, common::proto()).await;
+        let client = common::EchoClient::new(client);
         let calls: Vec<_> = (0..8)
             .map(|i| {
                 let c = client.clone();
@@ -217,12 +221,8 @@ over_all_transports! {
         // Alone in flight, the call drives the connection from its own task: the connection's
         // death must reach it there, eager or rendezvous.
         for len in [10, THRESHOLD * 8] {
-            let bind = kind.bind_addr().parse().unwrap();
-            let mut listener = transport::listen(&bind, raw_params()).await.unwrap();
-            let addr = listener.local_addr().to_string();
-            let config = ClientConfig::default().proto(common::proto());
-            let (client, conn) = tokio::join!(Client::connect(&addr, config), listener.accept());
-            let (client, mut conn) = (common::EchoClient::new(client.unwrap()), conn.unwrap());
+            let (client, mut conn, listener) = client_of_raw_server(kind, common::proto()).await;
+            let client = common::EchoClient::new(client);
             let stub = client.clone();
             let call = tokio::spawn(async move { stub.echo(pattern(len, 9)).await });
             next_frame(conn.as_mut()).await;

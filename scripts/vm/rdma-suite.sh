@@ -355,6 +355,15 @@ median() {
         awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# ratio_of OURS REF: OURS / REF to two decimals, or "-" when either is missing ("-").
+ratio_of() {
+    if [[ "$1" == - || "$2" == - ]]; then
+        echo -
+    else
+        awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'
+    fi
+}
+
 # point_line LABEL UNIT OURS... -- REFLABEL REFS... -- RATIOS...: one line of the bench table: the
 # medians of our figures and of perftest's over the rounds, each round's ratio ("-": that round has
 # no pair), and, last, the median of the rounds' ratios (each round pairs our figure with its own
@@ -413,11 +422,7 @@ bench_table() {
             ref="$(awk -v l="$lat" 'BEGIN { if (l > 0) printf "%.2f", 2 * l }')"
             ours+=("${p50:--}")
             refs+=("${ref:--}")
-            if [[ -n "$p50" && -n "$ref" ]]; then
-                ratios+=("$(awk -v a="$p50" -v b="$ref" 'BEGIN { printf "%.2f", a / b }')")
-            else
-                ratios+=(-)
-            fi
+            ratios+=("$(ratio_of "${p50:--}" "${ref:--}")")
         done
         point_line "echo 32 B p50 RTT ($mode)" us "${ours[@]}" -- "2 x $tool t_typical [us]" "${refs[@]}" -- "${ratios[@]}"
     done
@@ -438,11 +443,7 @@ bench_table() {
                 if [[ -n "$gbps" ]]; then mibps="$(awk -v g="$gbps" 'BEGIN { printf "%.1f", g * 1e9 / 1048576 }')"; fi
                 ours+=("$mibps")
                 refs+=("${ref:--}")
-                if [[ -n "$gbps" && -n "$ref" ]]; then
-                    ratios+=("$(awk -v a="$mibps" -v b="$ref" 'BEGIN { printf "%.2f", a / b }')")
-                else
-                    ratios+=(-)
-                fi
+                ratios+=("$(ratio_of "$mibps" "${ref:--}")")
             done
             point_line "$label" MiB/s "${ours[@]}" -- "ib_read_bw $((sz >> 20)) MiB [MB/s]" "${refs[@]}" -- "${ratios[@]}"
         done
