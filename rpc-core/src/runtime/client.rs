@@ -77,11 +77,7 @@ impl Conn {
             return Err(cmd);
         }
         let Some(engine) = self.engine.as_ref().and_then(Weak::upgrade) else { return Err(cmd) };
-        let mut state = match engine.state.try_lock() {
-            Ok(state) => state,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return Err(cmd),
-        };
+        let Some(mut state) = engine.try_state() else { return Err(cmd) };
         if state.finished || state.closing || state.proto.calls_in_flight() > 0 {
             return Err(cmd);
         }
@@ -138,18 +134,22 @@ struct Engine {
 }
 
 impl Engine {
-    /// The state for a pass if no other task holds it; `None` (and the holder, at its release,
-    /// wakes the route again) if one does.
-    fn try_lock(&self) -> Option<MutexGuard<'_, ClientDriver>> {
-        let attempt = || match self.state.try_lock() {
+    /// The state if no other task holds it now.
+    fn try_state(&self) -> Option<MutexGuard<'_, ClientDriver>> {
+        match self.state.try_lock() {
             Ok(state) => Some(state),
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(TryLockError::WouldBlock) => None,
-        };
-        attempt().or_else(|| {
+        }
+    }
+
+    /// The state for a pass if no other task holds it; `None` (and the holder, at its release,
+    /// wakes the route again) if one does.
+    fn try_lock(&self) -> Option<MutexGuard<'_, ClientDriver>> {
+        self.try_state().or_else(|| {
             // Noted before the second look: a holder that releases after it sees the note.
             self.route.missed();
-            attempt()
+            self.try_state()
         })
     }
 }
