@@ -165,20 +165,8 @@ impl CallSlots {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::Wake;
-
     use super::*;
-
-    #[derive(Default)]
-    struct CountWakes(AtomicUsize);
-
-    impl Wake for CountWakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+    use crate::runtime::test_wakers::CountWakes;
 
     fn ok(n: u8) -> CallResult {
         Ok((Received::from(vec![n]), CallInfo::default()))
@@ -187,15 +175,14 @@ mod tests {
     #[test]
     fn result_reaches_the_waiting_caller_and_frees_the_slot() {
         let slots = CallSlots::default();
-        let wakes = Arc::new(CountWakes::default());
-        let waker = Waker::from(wakes.clone());
+        let (wakes, waker) = CountWakes::waker();
         let mut cx = Context::from_waker(&waker);
         let id = slots.open().unwrap();
         assert_ne!(id, 0);
         assert!(slots.poll_result(id, &mut cx).is_pending());
         let at = Instant::now() + std::time::Duration::from_secs(5);
         assert!(slots.complete(id, ok(7), at, true));
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 1, "the caller was woken");
+        assert_eq!(wakes.count(), 1, "the caller was woken");
         match slots.poll_result(id, &mut cx) {
             Poll::Ready((Ok((b, _)), when)) => {
                 assert_eq!(&b[..], &[7]);
@@ -227,15 +214,14 @@ mod tests {
     #[test]
     fn close_fails_waiting_calls_and_refuses_new_ones() {
         let slots = CallSlots::default();
-        let wakes = Arc::new(CountWakes::default());
-        let waker = Waker::from(wakes.clone());
+        let (wakes, waker) = CountWakes::waker();
         let mut cx = Context::from_waker(&waker);
         let waiting = slots.open().unwrap();
         let done = slots.open().unwrap();
         assert!(slots.poll_result(waiting, &mut cx).is_pending());
         assert!(slots.complete(done, ok(3), Instant::now(), true));
         slots.close("gone".into());
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 1);
+        assert_eq!(wakes.count(), 1);
         match slots.poll_result(waiting, &mut cx) {
             Poll::Ready((Err(CallError::Disconnected(r)), _)) => assert_eq!(r, "gone"),
             other => panic!("expected Disconnected, got {other:?}"),

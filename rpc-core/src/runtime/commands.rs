@@ -152,30 +152,20 @@ impl<T> Drop for Receiver<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-
     use super::*;
-
-    struct CountWakes(AtomicUsize);
-
-    impl std::task::Wake for CountWakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+    use crate::runtime::test_wakers::CountWakes;
 
     #[test]
     fn values_arrive_in_order_in_batches_and_a_waiting_driver_is_woken_once() {
         let (tx, mut rx) = queue::<u32>();
-        let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
-        let waker = Waker::from(wakes.clone());
+        let (wakes, waker) = CountWakes::waker();
         let mut cx = Context::from_waker(&waker);
         let mut out = VecDeque::new();
         assert_eq!(rx.poll_take(&mut cx, 2, &mut out, false), Poll::Pending);
         for v in 0..3 {
             tx.send(v).unwrap();
         }
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 1, "woken by the first send only");
+        assert_eq!(wakes.count(), 1, "woken by the first send only");
         assert_eq!(rx.poll_take(&mut cx, 2, &mut out, false), Poll::Ready(true));
         assert_eq!(out, [0, 1], "at most `max` at a time");
         assert_eq!(rx.poll_take(&mut cx, 2, &mut out, false), Poll::Ready(true));
@@ -183,7 +173,7 @@ mod tests {
         assert_eq!(rx.poll_take(&mut cx, 2, &mut out, false), Poll::Pending);
         assert_eq!(rx.poll_take(&mut cx, 2, &mut out, true), Poll::Pending, "armed: nothing sent");
         tx.send(3).unwrap();
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 2, "woken again after it found the queue empty");
+        assert_eq!(wakes.count(), 2, "woken again after it found the queue empty");
         assert_eq!(rx.poll_take(&mut cx, 2, &mut out, true), Poll::Ready(true), "armed: the flag says look");
         assert_eq!(out, [0, 1, 2, 3]);
     }

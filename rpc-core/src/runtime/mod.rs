@@ -12,6 +12,8 @@ mod driver;
 mod handshake;
 pub(crate) mod observe;
 mod server;
+#[cfg(test)]
+mod test_wakers;
 mod wake_route;
 
 pub use client::Client;

@@ -155,63 +155,44 @@ impl Wake for Route {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
-
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn counter() -> (Arc<Count>, Waker) {
-        let c = Arc::new(Count::default());
-        (c.clone(), Waker::from(c))
-    }
-
-    fn n(c: &Count) -> usize {
-        c.0.load(Ordering::Relaxed)
-    }
+    use crate::runtime::test_wakers::CountWakes;
 
     #[test]
     fn wake_ups_go_to_the_driving_caller_and_back_to_the_task() {
         let route = Arc::new(Route::default());
-        let (task, task_waker) = counter();
-        let (caller, caller_waker) = counter();
+        let (task, task_waker) = CountWakes::waker();
+        let (caller, caller_waker) = CountWakes::waker();
         let waker = route.waker();
         route.task_pass(&task_waker);
         waker.wake_by_ref();
-        assert_eq!((n(&task), n(&caller)), (1, 0), "no caller drives: the task");
+        assert_eq!((task.count(), caller.count()), (1, 0), "no caller drives: the task");
         route.caller_pass(7, &caller_waker);
         assert_eq!(route.driven_by(), Some(7));
         waker.wake_by_ref();
-        assert_eq!((n(&task), n(&caller)), (1, 1), "the driving caller");
+        assert_eq!((task.count(), caller.count()), (1, 1), "the driving caller");
         // The caller ran a pass after that wake-up, then its call ended: nothing to hand on.
         route.caller_pass(7, &caller_waker);
         route.caller_done(7);
-        assert_eq!((n(&task), n(&caller)), (1, 1));
+        assert_eq!((task.count(), caller.count()), (1, 1));
         waker.wake_by_ref();
-        assert_eq!((n(&task), n(&caller)), (2, 1), "back to the task");
+        assert_eq!((task.count(), caller.count()), (2, 1), "back to the task");
     }
 
     #[test]
     fn a_wake_up_the_caller_did_not_handle_goes_on_to_the_task() {
         let route = Arc::new(Route::default());
-        let (task, task_waker) = counter();
-        let (caller, caller_waker) = counter();
+        let (task, task_waker) = CountWakes::waker();
+        let (caller, caller_waker) = CountWakes::waker();
         route.task_pass(&task_waker);
         route.caller_pass(3, &caller_waker);
         route.waker().wake();
-        assert_eq!((n(&task), n(&caller)), (0, 1));
+        assert_eq!((task.count(), caller.count()), (0, 1));
         // Woken, the caller found its result without another pass (or was dropped).
         route.caller_done(3);
-        assert_eq!((n(&task), n(&caller)), (1, 1), "the pending wake-up is handed on");
+        assert_eq!((task.count(), caller.count()), (1, 1), "the pending wake-up is handed on");
         route.caller_done(3);
-        assert_eq!(n(&task), 1, "only the driving caller's end counts, once");
+        assert_eq!(task.count(), 1, "only the driving caller's end counts, once");
         // Another call's end does not take the role from the driving one.
         route.caller_pass(4, &caller_waker);
         route.caller_done(5);
@@ -221,14 +202,14 @@ mod tests {
     #[test]
     fn a_missed_pass_wakes_the_route_when_the_connection_is_released() {
         let route = Arc::new(Route::default());
-        let (task, task_waker) = counter();
+        let (task, task_waker) = CountWakes::waker();
         route.task_pass(&task_waker);
         route.released();
-        assert_eq!(n(&task), 0, "nothing missed: no wake-up");
+        assert_eq!(task.count(), 0, "nothing missed: no wake-up");
         route.missed();
         route.released();
-        assert_eq!(n(&task), 1);
+        assert_eq!(task.count(), 1);
         route.released();
-        assert_eq!(n(&task), 1, "a miss is handed on once");
+        assert_eq!(task.count(), 1, "a miss is handed on once");
     }
 }

@@ -1,0 +1,28 @@
+//! A waker that counts its wake-ups, for the runtime's unit tests.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Wake, Waker};
+
+/// Counts the wake-ups of the wakers made from it.
+#[derive(Default)]
+pub(crate) struct CountWakes(AtomicUsize);
+
+impl CountWakes {
+    /// A fresh counter and a waker that counts into it.
+    pub(crate) fn waker() -> (Arc<CountWakes>, Waker) {
+        let count = Arc::new(CountWakes::default());
+        (count.clone(), Waker::from(count))
+    }
+
+    /// The wake-ups so far.
+    pub(crate) fn count(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
