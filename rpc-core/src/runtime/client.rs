@@ -98,7 +98,15 @@ impl Conn {
             state.pass(&mut Context::from_waker(&engine.waker))
         };
         state.quiet = None;
+        let cut_short = std::mem::take(&mut state.cut_short);
         drop(state);
+        if cut_short || ended.is_ready() {
+            // The pass stopped at this call's result, before the rounds that would have found
+            // nothing more and armed the connection; or the connection ended. Either way the
+            // driver task runs a pass once this caller stops driving (the rounds, unless
+            // another caller drives by then; or its own end).
+            self.route.unfinished();
+        }
         if ended.is_ready() {
             // The driver task ends at its next poll.
             self.route.wake_task();
@@ -162,9 +170,12 @@ impl Future for DriverTask {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let engine = &*self.0;
+        if !engine.route.task_pass(cx.waker()) {
+            // A caller drives the connection.
+            return Poll::Pending;
+        }
         // A caller's pass holds the lock for one pass at most, never across an await.
         let mut state = engine.state.lock().unwrap_or_else(|e| e.into_inner());
-        engine.route.task_pass(cx.waker());
         state.polls += 1;
         let ended = state.pass(&mut Context::from_waker(&engine.waker));
         drop(state);
@@ -483,6 +494,7 @@ async fn open(
         closing: false,
         finished: false,
         quiet: None,
+        cut_short: false,
         polls: 0,
         caller_passes: 0,
     };
@@ -619,6 +631,9 @@ struct ClientDriver {
     /// The call whose caller runs this pass: its result is delivered without waking it (it
     /// looks at its slot after the pass).
     quiet: Option<u64>,
+    /// The pass stopped once the result of the `quiet` call was delivered (its caller is
+    /// waiting for nothing else), without the rounds that would confirm there is nothing more.
+    cut_short: bool,
     /// Times the driver task was polled (for [`ConnStats`]).
     polls: u64,
     /// Passes run by callers driving the connection (for [`ConnStats`]).
@@ -684,6 +699,7 @@ impl ClientDriver {
             // A caller that has gone (its cancel not yet taken) gets nothing; one running this
             // pass looks at its slot after it.
             let wake = self.quiet != Some(call_id);
+            self.cut_short |= !wake;
             self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
         }
     }
@@ -738,14 +754,16 @@ impl ClientDriver {
             return Poll::Ready(());
         }
         self.scratch.clock.reset();
+        // What is ready to go (the request of a call just started in its caller's task) is
+        // posted before the connection is looked at: its arming (a system call on rdma) and
+        // the look wait until the request is on its way.
+        if let Err(fatal) = driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch) {
+            return self.end(fatal);
+        }
         let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
             match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
-                Err(fatal) => {
-                    self.fail(fatal);
-                    self.finished = true;
-                    return Poll::Ready(());
-                }
+                Err(fatal) => return self.end(fatal),
                 // The last handle is gone: close once the cancels and done reports are out and
                 // the server has reported our regions READ (bounded by the done timeout).
                 Ok(_) if self.closing && self.proto.is_idle() => {
@@ -754,6 +772,8 @@ impl ClientDriver {
                     self.finished = true;
                     return Poll::Ready(());
                 }
+                // The caller running this pass has its result: it need not wait for the rest.
+                Ok(true) if self.cut_short => return Poll::Pending,
                 Ok(true) => continue,
                 Ok(false) => return Poll::Pending,
             }
@@ -761,6 +781,15 @@ impl ClientDriver {
         // Work remains: yield to other tasks, then come back.
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+impl ClientDriver {
+    /// The driver ends on `fatal`: every call fails with it.
+    fn end(&mut self, fatal: Fatal) -> Poll<()> {
+        self.fail(fatal);
+        self.finished = true;
+        Poll::Ready(())
     }
 }
 

@@ -10,7 +10,11 @@
 //!
 //! No wake-up is lost when the role moves:
 //! - `pending` says a wake-up came since the last pass over the connection began; a caller that
-//!   stops driving with one pending hands it on to the driver task;
+//!   stops driving with one pending hands it on to the driver task. A caller's pass that stops
+//!   at its own result, before the rounds that would confirm the connection has nothing more
+//!   (on rdma they arm the CQ, a system call), leaves one pending on purpose: the task runs
+//!   those rounds after the caller has its answer, off the call's path;
+//! - the driver task runs no pass while a caller drives (the caller's passes do the work);
 //! - `missed` says a task was woken but could not run a pass, because another held the
 //!   connection: whoever releases the connection next looks at it and wakes the route again.
 
@@ -55,14 +59,21 @@ impl Route {
         Waker::from(self.clone())
     }
 
-    /// A pass by the driver task begins: wake-ups go to `task` while no caller drives.
-    pub(crate) fn task_pass(&self, task: &Waker) {
+    /// The driver task was polled: wake-ups go to `task` while no caller drives. Returns
+    /// whether it is to run a pass: not while a caller drives, whose passes poll the connection
+    /// (and get its wake-ups) until its call ends, when one it did not handle comes back to
+    /// the task ([`Route::caller_done`]).
+    pub(crate) fn task_pass(&self, task: &Waker) -> bool {
         let mut inner = self.lock();
         match &inner.task {
             Some(w) if w.will_wake(task) => {}
             _ => inner.task = Some(task.clone()),
         }
+        if inner.caller.is_some() {
+            return false;
+        }
         inner.pending = false;
+        true
     }
 
     /// A pass by the caller of call `call_id` begins: wake-ups go to `caller` until
@@ -93,6 +104,13 @@ impl Route {
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// The driving caller's pass stopped short of confirming that the connection has nothing
+    /// more (it had its result): counted as a wake-up it did not handle, which
+    /// [`Route::caller_done`] hands on to the driver task.
+    pub(crate) fn unfinished(&self) {
+        self.lock().pending = true;
     }
 
     /// Wakes the driver task, whoever drives (a caller's pass ended the connection: the task
@@ -197,6 +215,25 @@ mod tests {
         route.caller_pass(4, &caller_waker);
         route.caller_done(5);
         assert_eq!(route.driven_by(), Some(4));
+    }
+
+    #[test]
+    fn the_task_waits_while_a_caller_drives_and_gets_what_it_left_unfinished() {
+        let route = Arc::new(Route::default());
+        let (task, task_waker) = CountWakes::waker();
+        let (caller, caller_waker) = CountWakes::waker();
+        // The task's first poll comes while a caller already drives: no pass, but its waker is
+        // kept for the hand-back.
+        route.caller_pass(9, &caller_waker);
+        assert!(!route.task_pass(&task_waker), "a caller drives: the task runs no pass");
+        // The caller's pass stopped at its result without confirming the connection is idle.
+        route.unfinished();
+        assert_eq!((task.count(), caller.count()), (0, 0), "nobody is woken for it yet");
+        route.caller_done(9);
+        assert_eq!(task.count(), 1, "the task runs the rest");
+        assert!(route.task_pass(&task_waker), "nobody drives: the task runs its pass");
+        route.caller_done(9);
+        assert_eq!(task.count(), 1, "handed on once");
     }
 
     #[test]
