@@ -82,6 +82,12 @@ impl Conn {
             return Err(cmd);
         }
         state.run_command(cmd);
+        // The request is posted now, before this task's first pass over the connection.
+        if state.post_ready().is_ready() {
+            drop(state);
+            // The connection failed: the driver task ends at its next poll.
+            self.route.wake_task();
+        }
         Ok(())
     }
 
@@ -754,12 +760,6 @@ impl ClientDriver {
             return Poll::Ready(());
         }
         self.scratch.clock.reset();
-        // What is ready to go (the request of a call just started in its caller's task) is
-        // posted before the connection is looked at: its arming (a system call on rdma) and
-        // the look wait until the request is on its way.
-        if let Err(fatal) = driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch) {
-            return self.end(fatal);
-        }
         let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
             match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
@@ -785,6 +785,19 @@ impl ClientDriver {
 }
 
 impl ClientDriver {
+    /// Posts what the state machine has ready (the request of a call just started in its
+    /// caller's task: it leaves before the connection is looked at, whose arming is a system
+    /// call on rdma). `Ready`: the driver has ended.
+    fn post_ready(&mut self) -> Poll<()> {
+        if self.finished {
+            return Poll::Ready(());
+        }
+        match driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch) {
+            Ok(_) => Poll::Pending,
+            Err(fatal) => self.end(fatal),
+        }
+    }
+
     /// The driver ends on `fatal`: every call fails with it.
     fn end(&mut self, fatal: Fatal) -> Poll<()> {
         self.fail(fatal);

@@ -752,6 +752,7 @@ impl Future for ServerDriver {
         // Once per wake-up: its waker stays registered for the rounds below (the signal is
         // polled by this task only).
         this.poll_shutdown(cx);
+        let mut worked = false;
         for round in 1..=ROUNDS_PER_WAKE {
             match this.poll_round(cx, round == ROUNDS_PER_WAKE) {
                 Err(Fatal::Transport(e)) => {
@@ -774,9 +775,17 @@ impl Future for ServerDriver {
                     this.stop();
                     return Poll::Ready(());
                 }
-                Ok(true) => continue,
+                Ok(true) => {
+                    worked = true;
+                    continue;
+                }
                 Ok(false) => {
-                    this.publish_stats();
+                    // A poll that found nothing changed little (a busy-polling driver spins
+                    // through many): its counters go out with the next that did, or every
+                    // `STATS_EVERY` polls.
+                    if worked || this.polls % STATS_EVERY == 0 {
+                        this.publish_stats();
+                    }
                     return Poll::Pending;
                 }
             }
@@ -786,6 +795,9 @@ impl Future for ServerDriver {
         Poll::Pending
     }
 }
+
+/// A server driver's polls that found nothing to do publish its counters once in this many.
+const STATS_EVERY: u64 = 64;
 
 /// The latest counters of each open connection, one slot per connection, and the folded
 /// totals of closed ones (a closed connection keeps no slot).

@@ -16,12 +16,14 @@
 //!    thread is what makes spinning pay on a current-thread runtime;
 //! 3. if the CQ is not armed: `ibv_req_notify_cq`, then **poll once more** (a completion that
 //!    landed between the empty poll and the arming raises no event);
-//! 4. wait for the channel fd: on readiness take the event (`ibv_get_cq_event`; an armed CQ raises
-//!    one, and the channel is this CQ's alone), acknowledge events in batches
-//!    (`ibv_ack_cq_events`), and go back to 1 (the CQ is disarmed again). What the event
-//!    announced is handed on first; the CQ is armed at the next poll (a system call on rxe: in
-//!    the VM, arming before the look cost a 32 B round trip about 6%), after the fd's readiness
-//!    was cleared, so that an event the arming raises is never cleared unseen.
+//! 4. wait for the channel fd: on readiness go back to 1 (the CQ is disarmed again: an armed CQ
+//!    raises one event). What the event announced is handed on first; the event is taken
+//!    (`ibv_get_cq_event`, a read; the channel is this CQ's alone) and the CQ armed (a system
+//!    call on rxe) only when a look finds nothing more, after the request a response answers
+//!    has gone out. In the VM, arming before the look cost a 32 B round trip about 6%. Events
+//!    are acknowledged in batches (`ibv_ack_cq_events`). The fd's readiness is cleared as the
+//!    event is taken, before the arming, so that an event the arming raises is never cleared
+//!    unseen.
 //!
 //! No timer papers over a missed wake-up: the arm-then-poll order makes one impossible. All taken
 //! events are acknowledged before the CQ can be destroyed (in `Drop`), as `ibv_destroy_cq` would
@@ -63,6 +65,9 @@ pub(crate) struct CqPoller {
     /// empty again.
     emptied: bool,
     unacked: u32,
+    /// The channel's readiness woke us and its event is not taken yet (it is taken, and the
+    /// readiness cleared, before the next arming).
+    ready_untaken: bool,
     wcs: Vec<WorkCompletion>,
     busy_poll: Duration,
     /// When the current busy-poll window opened (`None`: closed, or no completion since the
@@ -99,6 +104,7 @@ impl CqPoller {
             must_drain: true,
             emptied: false,
             unacked: 0,
+            ready_untaken: false,
             wcs: vec![sys::empty_wc(); POLL_BATCH],
             busy_poll: cfg.busy_poll,
             spin_since: None,
@@ -147,31 +153,55 @@ impl CqPoller {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
+                if self.ready_untaken {
+                    // Found nothing more: now is the time to take the event that woke us.
+                    if let Poll::Ready(taken) = self.take_event(cx) {
+                        taken?;
+                    }
+                }
                 self.arm()?;
                 continue; // poll once more: closes the poll/arm race
             }
             match self.channel.poll_read_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(mut guard)) => {
-                    // The channel serves this CQ alone, and an armed CQ raises one event: after
-                    // taking it the channel holds no other until we arm again, so readiness is
-                    // cleared without a second read to see EAGAIN (a system call per wake-up).
-                    let event = sys::get_cq_event(guard.get_inner())?;
-                    guard.clear_ready();
-                    if event {
-                        // Look first, arm later: what the event announced is handed on before
-                        // the arming (a system call on rxe) is paid.
-                        self.unacked += 1;
-                        self.armed = false;
-                        self.must_drain = true;
-                        if self.unacked >= ACK_BATCH {
-                            self.ack_events();
-                        }
-                    }
+                Poll::Ready(Ok(_)) => {
+                    // Look first; take the event (a read) and arm (a system call on rxe) only
+                    // once the look finds nothing more: what the event announced is handed on
+                    // before either is paid. An armed CQ raises one event and is then disarmed
+                    // until we arm it again, so the channel holds at most this one meanwhile.
+                    self.ready_untaken = true;
+                    self.armed = false;
+                    self.must_drain = true;
                 }
             }
         }
+    }
+
+    /// Takes the event whose readiness woke us (if there is one: a spurious readiness has
+    /// none), and clears the readiness. The channel serves this CQ alone and an armed CQ raises
+    /// one event: after taking it the channel holds no other until we arm again, so readiness
+    /// is cleared without a second read to see EAGAIN (a system call per wake-up).
+    #[inline(never)] // off the spinning path: keeps `poll` small
+    fn take_event(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut guard = match self.channel.poll_read_ready(cx) {
+            Poll::Pending => {
+                // Readiness was cleared already: nothing to take.
+                self.ready_untaken = false;
+                return Poll::Pending;
+            }
+            Poll::Ready(guard) => guard?,
+        };
+        self.ready_untaken = false;
+        let event = sys::get_cq_event(guard.get_inner())?;
+        guard.clear_ready();
+        if event {
+            self.unacked += 1;
+            if self.unacked >= ACK_BATCH {
+                self.ack_events();
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Requests an event for the next completion; the CQ must then be looked at once more.
