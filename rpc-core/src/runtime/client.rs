@@ -182,7 +182,6 @@ impl Future for DriverTask {
         }
         // A caller's pass holds the lock for one pass at most, never across an await.
         let mut state = engine.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.polls += 1;
         let ended = state.pass(&mut Context::from_waker(&engine.waker));
         drop(state);
         if ended.is_ready() {
@@ -489,6 +488,7 @@ async fn open(
     let slots = Arc::new(CallSlots::default());
     let proto = ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone());
     let eager_limit = proto.eager_limit();
+    let route = Arc::new(Route::default());
     let driver = ClientDriver {
         proto,
         conn,
@@ -501,10 +501,9 @@ async fn open(
         finished: false,
         quiet: None,
         cut_short: false,
-        polls: 0,
+        route: route.clone(),
         caller_passes: 0,
     };
-    let route = Arc::new(Route::default());
     let engine = Arc::new(Engine {
         state: Mutex::new(driver),
         waker: route.waker(),
@@ -640,8 +639,8 @@ struct ClientDriver {
     /// The pass stopped once the result of the `quiet` call was delivered (its caller is
     /// waiting for nothing else), without the rounds that would confirm there is nothing more.
     cut_short: bool,
-    /// Times the driver task was polled (for [`ConnStats`]).
-    polls: u64,
+    /// The connection's wake-up route (it counts the driver task's polls, for [`ConnStats`]).
+    route: Arc<Route>,
     /// Passes run by callers driving the connection (for [`ConnStats`]).
     caller_passes: u64,
 }
@@ -688,7 +687,7 @@ impl ClientDriver {
                     proto: self.proto.stats(),
                     transport: self.conn.counters(),
                     calls_in_flight: self.proto.calls_in_flight(),
-                    driver_polls: self.polls,
+                    driver_polls: self.route.task_polls(),
                     caller_passes: self.caller_passes,
                     handlers_inline: 0,
                     handlers_spawned: 0,

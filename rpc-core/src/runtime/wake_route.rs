@@ -31,6 +31,8 @@ struct Inner {
     pending: bool,
     /// A task was woken but found the connection held by another.
     missed: bool,
+    /// Polls of the driver task, whether it ran a pass or not.
+    task_polls: u64,
 }
 
 /// The wake-up route of one client connection.
@@ -69,6 +71,7 @@ impl Route {
             Some(w) if w.will_wake(task) => {}
             _ => inner.task = Some(task.clone()),
         }
+        inner.task_polls += 1;
         if inner.caller.is_some() {
             return false;
         }
@@ -142,6 +145,12 @@ impl Route {
         if missed {
             self.wake_by_ref();
         }
+    }
+
+    /// Times the driver task was polled (each a wake-up), whether it ran a pass or found a
+    /// caller driving.
+    pub(crate) fn task_polls(&self) -> u64 {
+        self.lock().task_polls
     }
 
     /// Whether a caller drives the connection now (for tests).
