@@ -155,9 +155,7 @@ impl CqPoller {
                 }
                 if self.ready_untaken {
                     // Found nothing more: now is the time to take the event that woke us.
-                    if let Poll::Ready(taken) = self.take_event(cx) {
-                        taken?;
-                    }
+                    self.take_event(cx)?;
                 }
                 self.arm()?;
                 continue; // poll once more: closes the poll/arm race
@@ -183,16 +181,13 @@ impl CqPoller {
     /// one event: after taking it the channel holds no other until we arm again, so readiness
     /// is cleared without a second read to see EAGAIN (a system call per wake-up).
     #[inline(never)] // off the spinning path: keeps `poll` small
-    fn take_event(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut guard = match self.channel.poll_read_ready(cx) {
-            Poll::Pending => {
-                // Readiness was cleared already: nothing to take.
-                self.ready_untaken = false;
-                return Poll::Pending;
-            }
-            Poll::Ready(guard) => guard?,
-        };
+    fn take_event(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         self.ready_untaken = false;
+        let Poll::Ready(guard) = self.channel.poll_read_ready(cx) else {
+            // Readiness was cleared already: nothing to take.
+            return Ok(());
+        };
+        let mut guard = guard?;
         let event = sys::get_cq_event(guard.get_inner())?;
         guard.clear_ready();
         if event {
@@ -201,7 +196,7 @@ impl CqPoller {
                 self.ack_events();
             }
         }
-        Poll::Ready(Ok(()))
+        Ok(())
     }
 
     /// Requests an event for the next completion; the CQ must then be looked at once more.
