@@ -90,8 +90,12 @@ async fn failed_reads_fail_the_call_not_the_connection() {
 async fn failed_send_fails_the_connection_cleanly() {
     let s = setup(Kind::Mem).await;
     mem::faults(name(&s.addr)).fail_next_completions(1);
+    // A lone call: it is started, and its SEND posted, in the caller's own task.
     let r = bounded(s.client.echo(Bytes::from_static(b"lost"))).await;
     assert!(matches!(r, Err(CallError::Disconnected(_))), "{r:?}");
+    let r = bounded(s.client.echo(Bytes::new())).await;
+    assert!(matches!(r, Err(CallError::Disconnected(_))), "later calls fail at once: {r:?}");
+    assert!(bounded(s.client.client().stats()).await.is_err(), "the driver task has ended");
     let fresh = second_client(&s.addr).await;
     assert_eq!(bounded(fresh.size(Bytes::from_static(b"ok"))).await.unwrap(), 2);
 }
