@@ -85,7 +85,10 @@ struct Call {
 /// (counted in the budget, bounded by the done timeout) until the client reports it READ.
 pub struct ServerProto {
     link: Link,
-    calls: HashMap<u64, Call>,
+    /// Keyed by the client's call ids, so by a keyed hash: a peer cannot aim its ids at one
+    /// bucket without the seed, which is random per process and per table (and the table holds
+    /// at most `max_in_flight` calls). foldhash, a fraction of SipHash's cost per lookup.
+    calls: HashMap<u64, Call, foldhash::fast::RandomState>,
     deadlines: DeadlineQueue,
     events: VecDeque<ServerEvent>,
     max_in_flight: u32,
@@ -105,7 +108,7 @@ impl ServerProto {
     pub fn new(config: &ProtoConfig, peer: &PeerLimits, now: Instant) -> ServerProto {
         ServerProto {
             link: Link::new(Role::Server, config, peer, now),
-            calls: HashMap::new(),
+            calls: HashMap::default(),
             deadlines: DeadlineQueue::default(),
             events: VecDeque::new(),
             max_in_flight: config.max_in_flight,
