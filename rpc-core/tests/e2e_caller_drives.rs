@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{pattern, Kind, THRESHOLD};
-use rpc_core::{ClientConfig, ServerConfig};
+use rpc_core::{CallError, CallOptions, ClientConfig, ServerConfig};
 
 async fn setup(kind: Kind, caller_drives: bool) -> common::Setup {
     let client_cfg = ClientConfig::default().proto(common::proto()).caller_drives(caller_drives);
@@ -36,6 +36,24 @@ over_all_transports! {
         let task_polls = after.driver_polls - before.driver_polls;
         eprintln!("{kind:?}: {passes} caller passes, {task_polls} driver task polls for {CALLS} calls");
         assert!(task_polls <= 2 * CALLS, "{task_polls} driver task polls for {CALLS} lone calls");
+    }
+
+    async fn a_lone_calls_deadline_fires_on_its_own_timer(kind: Kind) {
+        // Keepalive once a minute: nothing but the call's own deadline timer can end it soon.
+        // The driver asks for the next timeout only after a change (a command run, a round that
+        // made progress); a start that did not count as one would leave the timer armed for the
+        // keepalive.
+        let quiet = common::proto().keepalive_interval(Duration::from_secs(60)).idle_timeout(Duration::from_secs(240));
+        let client_cfg = ClientConfig::default().proto(quiet.clone()).caller_drives(true);
+        let s = common::setup_with(kind, ServerConfig::default().proto(quiet), client_cfg).await;
+        for round in 0..3 {
+            let hurried = s.client.with_options(CallOptions::new().deadline(Duration::from_millis(50)));
+            let started = tokio::time::Instant::now();
+            assert_eq!(hurried.slow(30_000).await, Err(CallError::DeadlineExceeded), "round {round}");
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(20), "round {round}: a 50 ms deadline fired after {took:?}");
+        }
+        assert_eq!(s.client.echo(Bytes::from_static(b"after")).await.expect("echo"), Bytes::from_static(b"after"));
     }
 
     async fn with_caller_drives_off_every_call_goes_through_the_driver_task(kind: Kind) {

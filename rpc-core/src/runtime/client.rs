@@ -670,6 +670,8 @@ impl ClientDriver {
     }
 
     fn run_command(&mut self, cmd: Command) {
+        // A call started or cancelled moves the next deadline (see `Timer`).
+        self.sleep.stale();
         match cmd {
             Command::Call { call_id, method, payload, metadata, timeout, at } => {
                 // The deadline counts from when the caller measured `timeout`: no clock read here.
@@ -738,6 +740,10 @@ impl ClientDriver {
         }
         progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
+        if progressed {
+            // What progressed may have moved a timeout (see `Timer`).
+            self.sleep.stale();
+        }
         Ok(progressed)
     }
 }

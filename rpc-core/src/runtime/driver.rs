@@ -383,16 +383,31 @@ pub(crate) fn revoke_after_close<P: ProtoEnd>(conn: &mut dyn Connection, proto: 
 /// earlier than the one armed. A timeout that moved later (the keepalive, pushed back by every
 /// frame received) lets the armed timer fire early once, and it is re-armed then: timer-wheel
 /// work and the Sleep's poll happen about once per timeout, not once per call.
+///
+/// The state machine is asked for its next timeout only after something may have changed it:
+/// a round that made progress, a command run ([`Timer::stale`]). A round that found nothing to
+/// do (every spin of a busy-polling driver, every wake-up that finds nothing) skips the asking,
+/// a look through the deadlines and a table lookup.
 #[derive(Debug)]
 pub(crate) struct Timer {
     sleep: Pin<Box<Sleep>>,
     /// When the sleep is set to fire (its waker registered); `None`: not armed.
     armed: Option<tokio::time::Instant>,
+    /// The state machine has not changed since its next timeout was last taken and armed for
+    /// (and the timer has not fired since).
+    current: bool,
 }
 
 impl Timer {
     pub(crate) fn new() -> Self {
-        Timer { sleep: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)), armed: None }
+        Timer { sleep: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)), armed: None, current: false }
+    }
+
+    /// The state machine may have changed: its next timeout is taken again at the next
+    /// [`drive_timers`].
+    #[inline]
+    pub(crate) fn stale(&mut self) {
+        self.current = false;
     }
 }
 
@@ -409,13 +424,22 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
     if timer.armed.is_some() && timer.sleep.is_elapsed() {
         // It fired: whatever the state machine wants next is armed below.
         timer.armed = None;
+        timer.current = false;
+    }
+    if timer.current {
+        // Nothing changed since the timer was armed for the next timeout (or found none).
+        return Ok(false);
     }
     loop {
-        let Some(at) = proto.timeout() else { return Ok(fired) };
+        let Some(at) = proto.timeout() else {
+            timer.current = true;
+            return Ok(fired);
+        };
         let at = tokio::time::Instant::from_std(at);
         if timer.armed.is_some_and(|armed| armed <= at) {
             // Armed no later than needed and not fired yet, so nothing is due: it wakes us in
             // time (perhaps early). The common case; it needs no reading of the clock.
+            timer.current = true;
             return Ok(fired);
         }
         let now = clock.now();
@@ -427,10 +451,94 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
         timer.sleep.as_mut().reset(at);
         if timer.sleep.as_mut().poll(cx).is_pending() {
             timer.armed = Some(at);
+            timer.current = true;
             return Ok(fired);
         }
         // Already due (time moved on since the clock was read): run it.
         timer.armed = None;
         clock.advance_to(at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::test_wakers::CountWakes;
+    use std::time::Duration;
+
+    /// A state machine with one timeout, counting how often it is asked for it.
+    #[derive(Default)]
+    struct OneTimeout {
+        at: Option<Instant>,
+        asked: u32,
+        expired: u32,
+    }
+
+    impl ProtoEnd for OneTimeout {
+        fn handle_frame(&mut self, _: Received, _: Instant) -> Result<(), ProtoError> {
+            Ok(())
+        }
+        fn handle_send(&mut self, _: WrId, _: Result<(), String>) -> Result<(), ProtoError> {
+            Ok(())
+        }
+        fn handle_read(&mut self, _: WrId, _: Result<Bytes, ReadError>) {}
+        fn handle_registered(&mut self, _: u64, _: Result<RegionDesc, Detail>) {}
+        fn next_op(&mut self) -> Option<Op> {
+            None
+        }
+        fn has_ops(&self) -> bool {
+            false
+        }
+        fn timeout(&mut self) -> Option<Instant> {
+            self.asked += 1;
+            self.at
+        }
+        fn expire(&mut self, now: Instant) -> Result<(), ProtoError> {
+            if self.at.is_some_and(|at| at <= now) {
+                self.at = None;
+                self.expired += 1;
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_timeout_is_taken_again_only_after_a_change_or_a_firing() {
+        let start = tokio::time::Instant::now();
+        let mut proto =
+            OneTimeout { at: Some((start + Duration::from_secs(60)).into_std()), ..Default::default() };
+        let (wakes, waker) = CountWakes::waker();
+        let mut cx = Context::from_waker(&waker);
+        let (mut timer, mut clock) = (Timer::new(), Clock::default());
+        let mut drive = |proto: &mut OneTimeout, timer: &mut Timer, clock: &mut Clock| {
+            drive_timers(&mut cx, proto, timer, clock).expect("no fatal timeout")
+        };
+
+        // Armed for the deadline a minute away: the state machine was asked once.
+        assert!(!drive(&mut proto, &mut timer, &mut clock));
+        assert_eq!((proto.asked, timer.armed), (1, Some(start + Duration::from_secs(60))));
+        // Nothing changed: the rounds of a spinning driver do not ask again.
+        for _ in 0..10 {
+            assert!(!drive(&mut proto, &mut timer, &mut clock));
+        }
+        assert_eq!(proto.asked, 1);
+
+        // A call with an earlier deadline started, and the driver says so: asked, re-armed.
+        proto.at = Some((start + Duration::from_millis(10)).into_std());
+        timer.stale();
+        assert!(!drive(&mut proto, &mut timer, &mut clock));
+        assert_eq!((proto.asked, timer.armed), (2, Some(start + Duration::from_millis(10))));
+
+        // The deadline passes with nothing changed: the timer fires, wakes the driver, and the
+        // next look runs the expiry although nobody called `stale`.
+        tokio::time::advance(Duration::from_millis(11)).await;
+        assert_eq!(wakes.count(), 1, "the armed timer woke the driver");
+        clock.reset();
+        assert!(drive(&mut proto, &mut timer, &mut clock), "the expiry ran");
+        assert_eq!((proto.expired, timer.armed), (1, None));
+        // Nothing is left to time: no more asking until the next change.
+        let asked = proto.asked;
+        assert!(!drive(&mut proto, &mut timer, &mut clock));
+        assert_eq!(proto.asked, asked);
     }
 }

@@ -679,6 +679,7 @@ impl ServerDriver {
             tracing::debug!(calls = self.proto.calls_in_flight(), "draining for shutdown");
             self.draining = true;
             self.proto.begin_shutdown();
+            self.sleep.stale();
         } else if !registered {
             self.shutdown_waker = Some(cx.waker().clone());
         }
@@ -710,6 +711,10 @@ impl ServerDriver {
             // A READ waits for the server-wide budget: be woken by a release, then retry.
             budget.register_waker(cx.waker());
             progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
+        }
+        if progressed {
+            // What progressed may have moved a timeout (see `Timer`).
+            self.sleep.stale();
         }
         Ok(progressed)
     }
