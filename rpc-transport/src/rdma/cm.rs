@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::poll_fn;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -59,6 +60,9 @@ impl fmt::Debug for CmEvent {
 #[derive(Default)]
 pub(crate) struct CmSink {
     queue: Mutex<VecDeque<CmEvent>>,
+    /// The queue's length, written under its lock: an owner whose waker is registered looks
+    /// here (one load) instead of registering again and taking the lock on every poll.
+    queued: AtomicUsize,
     waker: AtomicWaker,
 }
 
@@ -70,17 +74,31 @@ impl fmt::Debug for CmSink {
 
 impl CmSink {
     fn push(&self, ev: CmEvent) {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(ev);
+        {
+            let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            queue.push_back(ev);
+            self.queued.store(queue.len(), Ordering::Release);
+        }
         self.waker.wake();
     }
 
     /// The next event, registering the task's waker when there is none.
     pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<CmEvent> {
         self.waker.register(cx.waker());
-        match self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let ev = queue.pop_front();
+        self.queued.store(queue.len(), Ordering::Release);
+        match ev {
             Some(ev) => Poll::Ready(ev),
             None => Poll::Pending,
         }
+    }
+
+    /// No event is queued. With the owner's waker registered by a `Pending` [`CmSink::poll_next`]
+    /// since its last event, nothing is lost by not polling: an event pushed after this look
+    /// wakes that waker (a push stores the length before it wakes).
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0
     }
 
     /// Waits for the next event.

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
@@ -164,6 +164,9 @@ pub struct RdmaConnection {
     pub(super) wc_scratch: Vec<WorkCompletion>,
     pub(super) pd: Arc<ProtectionDomain>,
     pub(super) cm_sink: Arc<CmSink>,
+    /// The waker the sink holds since our last `Pending` look at it (none after an event: the
+    /// event's wake-up took it). While it is the caller's, a look at the sink's length is enough.
+    pub(super) cm_waker: Option<Waker>,
     pub(super) id: Option<Arc<Identifier>>,
     pub(super) cm: Arc<CmChannel>,
 }
@@ -208,6 +211,11 @@ impl RdmaConnection {
     }
 
     fn poll_cm_events(&mut self, cx: &mut Context<'_>) {
+        if self.cm_sink.is_quiet() && self.cm_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            // Nothing came, and what comes wakes this caller: no registering, no lock.
+            return;
+        }
+        self.cm_waker = None;
         while let Poll::Ready(ev) = self.cm_sink.poll_next(cx) {
             use super::cm::CmEvent;
             match ev {
@@ -224,6 +232,7 @@ impl RdmaConnection {
                 other => tracing::trace!(event = ?other, "rdma_cm event on an established connection"),
             }
         }
+        self.cm_waker = Some(cx.waker().clone());
     }
 
     /// Polls the CQ until it is empty (waker registered) or a user-visible completion is ready,

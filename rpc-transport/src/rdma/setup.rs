@@ -240,6 +240,7 @@ fn build_connection(
         wc_scratch: Vec::with_capacity(64),
         pd,
         cm_sink: sink,
+        cm_waker: None,
         id: Some(Arc::clone(id)),
         cm,
     };
