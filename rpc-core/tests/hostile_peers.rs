@@ -404,8 +404,9 @@ async fn sending_beyond_the_credits_granted_closes_the_connection() {
     alone(async {
         let t = Target::tcp(server_config(budget_proto()), client_config(budget_proto())).await;
         t.kv.put("v8k".into(), Bytes::from(vec![8u8; 8000])).await.expect("put");
-        // Two receives: the server soon has no credit left to return ours with.
-        let hello = AttackerHello { recv_depth: 2, ..AttackerHello::default() };
+        // Two credits (and the spare): the server soon has no credit left to return ours with.
+        let hello =
+            AttackerHello { recv_depth: 2 + rpc_core::proto::SPARE_RECEIVES, ..AttackerHello::default() };
         let mut att = Attacker::connect(t.addr(), &hello).await.expect("attacker");
         att.start_reader(Reads::Ignore);
         let args = kv::get_args("v8k");
@@ -682,8 +683,10 @@ async fn never_done_over_mem_is_cut_by_the_done_timeout() {
 async fn credit_violation_over_mem_closes_the_connection() {
     alone(async {
         let t = Target::mem(server_config(budget_proto()), client_config(budget_proto())).await;
-        // Two receives, never re-posted: the server can return credits in two frames at most.
-        let mut att = MemAttacker::connect(&t.mem_name(), 2).await.expect("attacker");
+        // Two credits (and the spare), never re-posted: the server can return credits in two
+        // frames at most.
+        let mut att =
+            MemAttacker::connect(&t.mem_name(), 2 + rpc_core::proto::SPARE_RECEIVES).await.expect("attacker");
         let depth = att.server_recv_depth() as usize;
         let w = start_window().await;
         let len_args = rpc_core::codec::encode(&()).expect("encode");

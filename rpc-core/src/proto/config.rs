@@ -17,10 +17,11 @@ pub(crate) const MIN_EAGER_THRESHOLD: usize = 64;
 pub struct ProtoConfig {
     /// Payloads up to this many bytes travel inline in one SEND (eager); larger ones are
     /// advertised and READ by the peer (rendezvous). Default 8 KiB. The receive buffers are sized
-    /// from it, so the memory cost is `recv_depth * (eager_threshold + 40)` bytes per connection.
+    /// from it, so the memory cost is `(recv_depth + 1) * (eager_threshold + 40)` bytes per
+    /// connection.
     pub eager_threshold: usize,
-    /// Receive buffers posted per connection, i.e. the credits granted to the peer. Default 64,
-    /// minimum 4.
+    /// Credits granted to the peer: receive buffers posted per connection, besides one spare
+    /// ([`SPARE_RECEIVES`]). Default 64, minimum 4.
     pub recv_depth: u32,
     /// Calls in progress at once on one connection (client: outstanding calls; server: calls
     /// accepted and not yet answered). Default 1024.
@@ -194,6 +195,14 @@ impl Hello {
         Ok(Hello { eager_threshold: u32::from_le_bytes(t), max_message_size: u64::from_le_bytes(m) })
     }
 }
+
+/// Receives each side posts beyond the credits it grants: a side that posted `n` receives
+/// granted its peer `n - SPARE_RECEIVES` credits. The spare lets a driver re-post the buffer of
+/// the message it just handled after the answer, which already reports that buffer's credit,
+/// has gone out: at most this many re-posts are ever outstanding, so a SEND still never meets an
+/// empty receive queue. A peer must post at least `2 + SPARE_RECEIVES` (a data frame needs two
+/// credits).
+pub const SPARE_RECEIVES: u32 = 1;
 
 /// What the protocol knows of the peer once the connection is set up.
 #[derive(Debug, Clone, Copy)]

@@ -2,9 +2,12 @@
 //! reports, keepalive, rendezvous bookkeeping, and the operations to post.
 //!
 //! Credit rules (why a SEND never meets an empty receive queue, and why this cannot deadlock):
-//! * the peer posted `recv_depth` receives before the connection existed: our initial credits;
+//! * the peer posted `recv_depth` receives before the connection existed, and one spare
+//!   ([`super::SPARE_RECEIVES`]): its `recv_depth` are our initial credits;
 //! * every frame we send uses one credit; every frame we receive is re-posted by the driver
-//!   before it next polls us, and the frames we send report how many were re-posted;
+//!   before it next polls us, except at most one, re-posted just after the frames of that poll
+//!   are posted (the spare stands in for it meanwhile); the frames we send report how many were
+//!   re-posted;
 //! * a data frame (request, response, cancel, ping, pong) needs two credits: the last one is
 //!   kept for a credit-only frame, which is sent when at least `recv_depth / 2` re-posts are
 //!   unreported. Whoever receives the last frame in flight therefore always gets credits back.

@@ -13,7 +13,9 @@
 //!   `handle_timeout` must next be called).
 //!
 //! The caller must re-post the receive buffer of every frame it passes to `handle_recv` before
-//! it next calls `poll_op`: the credits reported to the peer count those re-posts.
+//! it next calls `poll_op` (the credits reported to the peer count those re-posts), except at
+//! most [`SPARE_RECEIVES`] of them, re-posted right after the SENDs that `poll_op` returned:
+//! the spare receives posted beyond the credits stand in for them meanwhile.
 //!
 //! Paths: a payload of at most the eager threshold (and of what fits the peer's receive buffers)
 //! travels inline in the request or response frame; a larger one is registered, its descriptor
@@ -41,7 +43,7 @@ pub use budget::SharedBudget;
 pub(crate) use client::Payload;
 pub use client::{CallFailure, ClientEvent, ClientProto, StartError};
 pub(crate) use config::MIN_EAGER_THRESHOLD;
-pub use config::{Hello, PeerLimits, ProtoConfig};
+pub use config::{Hello, PeerLimits, ProtoConfig, SPARE_RECEIVES};
 pub use error::ProtoError;
 pub use header::{Header, Kind, FLAG_ERROR, FLAG_METADATA, FLAG_RENDEZVOUS, HEADER_LEN, MAGIC, VERSION};
 pub use link::Op;

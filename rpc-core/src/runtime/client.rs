@@ -740,6 +740,11 @@ impl ClientDriver {
         }
         progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
+        if !self.cut_short {
+            // A caller whose answer came in this round gets it first: the receive it came in is
+            // replaced after its next request is out (`post_ready`), or by the driver task.
+            driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
+        }
         if progressed {
             // What progressed may have moved a timeout (see `Timer`).
             self.sleep.stale();
@@ -797,8 +802,10 @@ impl ClientDriver {
         if self.finished {
             return Poll::Ready(());
         }
-        match driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch) {
-            Ok(_) => Poll::Pending,
+        let posted = driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)
+            .and_then(|_| driver::flush_repost(self.conn.as_mut(), &mut self.scratch));
+        match posted {
+            Ok(()) => Poll::Pending,
             Err(fatal) => self.end(fatal),
         }
     }

@@ -208,7 +208,7 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
         conn.post_read(wr_id, remote, dst).map_err(Fatal::Transport)?;
         posted = true;
     }
-    let Scratch { completions: scratch, reposts, clock, .. } = scratch;
+    let Scratch { completions: scratch, reposts, deferred_repost, clock, .. } = scratch;
     match conn.poll_completions(cx, scratch, COMPLETION_BATCH) {
         Poll::Pending => return Ok(posted),
         Poll::Ready(Err(e)) => return Err(Fatal::Transport(e)),
@@ -229,6 +229,7 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
                 let handled = proto.handle_frame(buf.into_received(), now);
                 reposts.push(RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)));
                 if let Err(e) = handled {
+                    reposts.extend(deferred_repost.take());
                     conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
                     return Err(Fatal::Protocol(e));
                 }
@@ -241,10 +242,26 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
         }
         Ok(())
     })?;
-    if !reposts.is_empty() {
-        conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
+    if let Some(defer) = reposts.pop() {
+        // One re-post may wait until the round's answers are out (`flush_repost`): the spare
+        // receive stands in for it (see `proto::SPARE_RECEIVES`). One deferred earlier and
+        // not yet posted goes now, so that never more than the spare is outstanding.
+        reposts.extend(deferred_repost.replace(defer));
+        if !reposts.is_empty() {
+            conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
+        }
     }
     Ok(true)
+}
+
+/// Posts the receive [`poll_completions`] left for after the answers (if one waits): called
+/// once the round's SENDs are posted, so that re-posting a receive (a call into the provider,
+/// and the receive queue's lock) is not on the way from a message to its answer.
+pub(crate) fn flush_repost(conn: &mut dyn Connection, scratch: &mut Scratch) -> Result<(), Fatal> {
+    match scratch.deferred_repost.take() {
+        Some(buf) => conn.post_recv(buf).map_err(Fatal::Transport),
+        None => Ok(()),
+    }
 }
 
 /// Buffers a driver reuses from one poll to the next (no allocation per poll).
@@ -253,6 +270,8 @@ pub(crate) struct Scratch {
     completions: Vec<Completion>,
     /// Receive buffers to post in place of those the batch's messages arrived in.
     reposts: Vec<RecvBuffer>,
+    /// A receive to re-post once the round's answers are out (at most one: the spare).
+    deferred_repost: Option<RecvBuffer>,
     /// SENDs of one `post_ops`, posted together.
     sends: Vec<(WrId, SendBuf)>,
     /// SENDs that completed as they were posted, to hand to the state machine.
@@ -268,6 +287,7 @@ impl Scratch {
         Scratch {
             completions: Vec::with_capacity(COMPLETION_BATCH),
             reposts: Vec::with_capacity(COMPLETION_BATCH),
+            deferred_repost: None,
             sends: Vec::with_capacity(COMPLETION_BATCH),
             sent: Vec::with_capacity(COMPLETION_BATCH),
             destinations: FuturesUnordered::new(),

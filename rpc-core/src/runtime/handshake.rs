@@ -5,12 +5,13 @@ use rpc_transport::{ConnParams, Connection};
 
 use super::config::ServerConfig;
 use crate::error::ConnectError;
-use crate::proto::{Hello, PeerLimits, ProtoConfig};
+use crate::proto::{Hello, PeerLimits, ProtoConfig, SPARE_RECEIVES};
 
-/// Transport parameters for a connection with this protocol config.
+/// Transport parameters for a connection with this protocol config: `recv_depth` receives for
+/// the peer's credits, and the spare.
 pub(crate) fn conn_params(proto: &ProtoConfig, rdma: &rpc_transport::RdmaSettings) -> ConnParams {
     ConnParams {
-        recv_depth: proto.recv_depth,
+        recv_depth: proto.recv_depth.saturating_add(SPARE_RECEIVES),
         recv_size: proto.recv_size(),
         private_data: Bytes::from(proto.hello().encode()),
         pool: proto.pool,
@@ -29,15 +30,15 @@ pub(crate) fn listen_params(config: &ServerConfig) -> ConnParams {
     }
 }
 
-/// What the peer told us at setup.
+/// What the peer told us at setup. Our credits are the receives it posted less its spare.
 pub(crate) fn peer_limits(conn: &dyn Connection) -> Result<PeerLimits, ConnectError> {
     let info = conn.info();
     let hello = Hello::decode(&info.peer_private_data).map_err(|e| ConnectError::Handshake(e.to_string()))?;
-    if info.peer_recv_depth < 2 {
+    if info.peer_recv_depth < 2 + SPARE_RECEIVES {
         return Err(ConnectError::Handshake(format!("peer posted only {} receives", info.peer_recv_depth)));
     }
     Ok(PeerLimits {
-        recv_depth: info.peer_recv_depth,
+        recv_depth: info.peer_recv_depth - SPARE_RECEIVES,
         recv_size: info.peer_recv_size,
         hello,
         max_reads_in_flight: info.max_reads_in_flight,

@@ -712,6 +712,8 @@ impl ServerDriver {
             budget.register_waker(cx.waker());
             progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         }
+        // The answers are out: now the receive their requests came in is replaced.
+        driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
         if progressed {
             // What progressed may have moved a timeout (see `Timer`).
             self.sleep.stale();

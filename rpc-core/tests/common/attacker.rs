@@ -45,7 +45,8 @@ const STATUS_INVALID_KEY: u8 = 1;
 /// What the attacker announces at setup.
 #[derive(Debug, Clone, Copy)]
 pub struct AttackerHello {
-    /// Receives the attacker claims to have posted: the credits the server starts with.
+    /// Receives the attacker claims to have posted: the server starts with this many credits
+    /// less the spare (`rpc_core::proto::SPARE_RECEIVES`).
     pub recv_depth: u32,
     /// The largest SEND the attacker claims to accept.
     pub recv_size: u32,
@@ -82,7 +83,8 @@ impl AttackerHello {
 /// What the server announced in its hello.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerHello {
-    /// Receives the server posted: the attacker's initial credits.
+    /// Receives the server posted: the attacker's initial credits, and the server's spare
+    /// (`rpc_core::proto::SPARE_RECEIVES`).
     pub recv_depth: u32,
     /// The server's receive buffer size.
     pub recv_size: u32,
@@ -297,7 +299,8 @@ impl Attacker {
     /// Credits the attacker may still use by the protocol's count: the server's receives plus
     /// what it returned, minus the frames sent. Negative once the attacker sends beyond them.
     pub fn credits_left(&self) -> i64 {
-        i64::from(self.server.recv_depth) + lock(&self.seen).credits_returned as i64 - self.frames_sent as i64
+        let granted = self.server.recv_depth - rpc_core::proto::SPARE_RECEIVES;
+        i64::from(granted) + lock(&self.seen).credits_returned as i64 - self.frames_sent as i64
     }
 
     /// Writes raw bytes, within `within`.

@@ -71,9 +71,9 @@ impl MemAttacker {
         id
     }
 
-    /// The server's receive depth: the credits we started with.
+    /// The credits we started with: the receives the server posted, less its spare.
     pub fn server_recv_depth(&self) -> u32 {
-        self.conn.info().peer_recv_depth
+        self.conn.info().peer_recv_depth - rpc_core::proto::SPARE_RECEIVES
     }
 
     /// Credits left by the protocol's count (negative once we send beyond them).
