@@ -687,12 +687,12 @@ async fn credit_violation_over_mem_closes_the_connection() {
         // frames at most.
         let mut att =
             MemAttacker::connect(&t.mem_name(), 2 + rpc_core::proto::SPARE_RECEIVES).await.expect("attacker");
-        let depth = att.server_recv_depth() as usize;
+        let granted = att.initial_credits() as usize;
         let w = start_window().await;
         let len_args = rpc_core::codec::encode(&()).expect("encode");
         // Phase 1: every credit the server granted; it answers with its two frames, which return
         // what it has re-posted by then, and can return nothing more.
-        for _ in 0..depth {
+        for _ in 0..granted {
             let id = att.call_id();
             att.request(id, KvClient::LEN, &len_args).expect("post");
         }

@@ -72,13 +72,13 @@ impl MemAttacker {
     }
 
     /// The credits we started with: the receives the server posted, less its spare.
-    pub fn server_recv_depth(&self) -> u32 {
+    pub fn initial_credits(&self) -> u32 {
         self.conn.info().peer_recv_depth - rpc_core::proto::SPARE_RECEIVES
     }
 
     /// Credits left by the protocol's count (negative once we send beyond them).
     pub fn credits_left(&self) -> i64 {
-        i64::from(self.server_recv_depth()) + self.credits_returned as i64 - self.frames_sent as i64
+        i64::from(self.initial_credits()) + self.credits_returned as i64 - self.frames_sent as i64
     }
 
     /// Posts one protocol frame.
