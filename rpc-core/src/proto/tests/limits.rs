@@ -243,3 +243,34 @@ fn a_backlogged_server_still_lets_a_well_behaved_client_return_credits() {
         }
     }
 }
+
+#[test]
+fn the_servers_calls_table_holds_at_most_max_in_flight_calls() {
+    // A client that allows more calls at once than the server: the server's table of calls in
+    // progress (keyed by the client's ids) stops at its own bound; the rest are refused.
+    let mut p = Pair::new(config(T, 16).max_in_flight(8), config(T, 16).max_in_flight(2));
+    for id in 1..=5u64 {
+        p.call(id, payload(16, id as u8));
+    }
+    p.pump();
+    let taken: Vec<u64> = p.take_requests().iter().map(|r| r.0).collect();
+    assert_eq!(taken, vec![1, 2]);
+    assert_eq!(p.server.calls_in_flight(), 2);
+    let mut refused = p.take_completions();
+    refused.sort_by_key(|c| c.0);
+    assert_eq!(refused.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 4, 5]);
+    for (id, result, _) in &refused {
+        match result {
+            Err(CallFailure::Remote(e)) => assert_eq!(e.code, WireErrorCode::Overloaded, "call {id}"),
+            other => panic!("call {id}: {other:?}"),
+        }
+    }
+    // An answered call frees its place: the next request is taken again, and no more.
+    assert!(p.server.respond(1, Ok(Bytes::from_static(b"one"))));
+    p.pump();
+    p.call(6, payload(16, 6));
+    p.call(7, payload(16, 7));
+    p.pump();
+    assert_eq!(p.take_requests().iter().map(|r| r.0).collect::<Vec<_>>(), vec![6]);
+    assert_eq!(p.server.calls_in_flight(), 2);
+}
