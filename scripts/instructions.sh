@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Instructions per call on the small-call path, counted by callgrind: repeatable for the same
+# binary and inputs whatever else the machine is doing, unlike wall-clock figures on these shared
+# 2-vCPU machines. Each row runs rpc-bench's in-process 32 B echo (client, server and harness in one
+# process, current-thread runtime) twice under callgrind, with N1 and N2 measured calls after the
+# same warm-up, and prints (I(N2) - I(N1)) / (N2 - N1): the instructions one more call costs, with
+# start-up, warm-up and reporting cancelled out. Both sides and the harness's own timing count.
+#
+#   scripts/instructions.sh [--bin PATH] [--calls N1,N2]
+#
+# --bin: the rpc-bench to count (default: builds `cargo build --release -p benches --bin rpc-bench`,
+# the workspace's release profile, fat LTO). --calls: default 5000,20000 (about 30 s in all; the
+# figures move by well under 1% with larger counts). Needs valgrind: without it the script says so
+# loudly and exits 0. CI runs it after the VM suite, on the suite's release build; the figures are
+# recorded in BENCHMARKS.md ("Instructions per call").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bin=""
+calls="5000,20000"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --bin) bin="${2:?--bin takes a path}"; shift 2 ;;
+        --calls) calls="${2:?--calls takes N1,N2}"; shift 2 ;;
+        *) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 2 ;;
+    esac
+done
+n1="${calls%,*}"
+n2="${calls#*,}"
+if ! [[ "$n1" =~ ^[0-9]+$ && "$n2" =~ ^[0-9]+$ ]] || (( n2 <= n1 )); then
+    echo "instructions.sh: --calls takes N1,N2 with N2 > N1" >&2
+    exit 2
+fi
+
+if ! command -v valgrind >/dev/null 2>&1; then
+    printf '\n!!! INSTRUCTION COUNTS DID NOT RUN: valgrind is missing (apt-get install valgrind). !!!\n'
+    exit 0
+fi
+if [[ -z "$bin" ]]; then
+    cargo build --locked --release -p benches --bin rpc-bench
+    bin=target/release/rpc-bench
+fi
+[[ -x "$bin" ]] || { echo "instructions.sh: no executable $bin" >&2; exit 2; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# count SYSTEM LISTEN OUTSTANDING CALLS: the instructions callgrind counted for one run.
+count() {
+    local out="$work/cg.out"
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" run --system "$1" --listen "$2" \
+        --in-process --workload echo --sizes 32 --outstanding "$3" --iters "$4" --warmup 1000 \
+        --no-plots --out "$work/bench" >"$work/log" 2>&1 || { cat "$work/log" >&2; return 1; }
+    sed -n 's/^summary: //p' "$out"
+}
+
+echo "instructions per 32 B echo call, user space only (callgrind; (I($n2 calls) - I($n1 calls)) / $((n2 - n1)); $bin)"
+printf '%-10s %-10s %10s %14s %16s\n' system transport "in flight" "instr/call" "I($n2 calls)"
+# tarpc and the raw tokio TCP ping-pong are `rpc-bench compare`'s peers, in the same binary (the
+# raw ping-pong runs one call at a time). Over tcp the kernel's share (system calls, loopback) is
+# not counted: these rows compare what each system runs in user space.
+for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1" "tarpc tcp 64" \
+    "raw-tcp tcp 1"; do
+    read -r system listen outstanding <<<"$row"
+    i1="$(count "$system" "$listen" "$outstanding" "$n1")"
+    i2="$(count "$system" "$listen" "$outstanding" "$n2")"
+    per=$(( (i2 - i1) / (n2 - n1) ))
+    printf '%-10s %-10s %10s %14s %16s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2"
+done
