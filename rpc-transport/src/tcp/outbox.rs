@@ -1,10 +1,12 @@
-//! The way out to the socket: frames queued for the writer task, or a SEND written at once by
-//! the caller (the connection's driver) when the writer is idle.
+//! The way out to the socket: frames queued for the writer task, or SENDs written at once by
+//! the caller (the connection's driver) when the writer is idle: one, or a driver round's batch
+//! in one vectored write.
 //!
 //! The direct write saves the writer task's wake-up (and the driver's second one for the
-//! completion) on every small call; the writer task keeps everything else: large payloads,
-//! bursts (one vectored write for many frames), the rest of a partial write, and frames from the
-//! reader task. Mutual exclusion is a flag under the queue's mutex: whoever queues a frame sets
+//! completion) on every small call, and with many calls in flight it puts a round's SENDs on the
+//! wire together (one system call, one wake-up of the peer); the writer task keeps everything
+//! else: large payloads, later SENDs of a burst (one vectored write for many frames), the rest of
+//! a partial write, and frames from the reader task. Mutual exclusion is a flag under the queue's mutex: whoever queues a frame sets
 //! `busy`, and the writer clears it only when it finds the queue empty under the same lock, so
 //! the writer writes only while `busy` and a direct write happens only while not: bytes never
 //! interleave. The queue is a deque under that lock, taken a batch at a time (a tokio channel
@@ -26,7 +28,12 @@ use crate::soft::OpId;
 use crate::SendBuf;
 
 /// Payloads up to this size may be written by the caller at once; larger ones go to the writer.
+/// For a batch ([`Outbox::send_batch_now`]), the size of all its payloads.
 pub(crate) const DIRECT_MAX: usize = 64 * 1024;
+
+/// SENDs written by the caller in one vectored system call at most (two pieces each, well under
+/// the kernel's `IOV_MAX`); a larger batch goes to the writer.
+pub(crate) const DIRECT_BATCH: usize = 64;
 
 /// The frames' way to the writer task, held by the connection and the reader task (the
 /// writer's end is [`OutboxRx`]).
@@ -158,19 +165,73 @@ impl Outbox {
         if written == total {
             return Direct::Written;
         }
-        let frame = if written == 0 {
-            Outgoing::Send { op, msg }
-        } else {
-            // The rest, for the writer: frozen (it may outlive this call in the writer's queue).
-            let msg = msg.into_bytes();
-            if written < header.len() {
-                Outgoing::SendRest { op, head: Bytes::copy_from_slice(&header[written..]), body: msg }
-            } else {
-                Outgoing::SendRest { op, head: Bytes::new(), body: msg.slice(written - header.len()..) }
-            }
-        };
-        enqueue(state, frame);
+        enqueue(state, rest_of_send(op, msg, written));
         Direct::Queued
+    }
+
+    /// Writes the SEND frames of `frames` at once, in order, in one vectored system call, if the
+    /// writer is idle, they are at most [`DIRECT_BATCH`] and their payloads at most
+    /// [`DIRECT_MAX`] bytes in all. Returns with `frames` holding the frames written whole (a
+    /// prefix: complete them); the others, the rest of a partly written one first, were queued
+    /// for the writer, in order (all of them when the writer is busy, the socket would block or
+    /// the batch is too large). `T` is the caller's tag of each frame.
+    pub(crate) fn send_batch_now<T>(&self, frames: &mut Vec<(T, OpId, SendBuf)>) {
+        let mut state = self.inner.lock();
+        let fits = frames.len() <= DIRECT_BATCH
+            && frames.iter().map(|(_, _, msg)| msg.len()).sum::<usize>() <= DIRECT_MAX;
+        let written = match &self.inner.stream {
+            Some(stream) if !state.busy && fits => {
+                let mut headers = [[0; 1 + wire::SEND_HEADER]; DIRECT_BATCH];
+                for (header, (_, _, msg)) in headers.iter_mut().zip(frames.iter()) {
+                    *header = wire::encode_send(msg.len() as u32);
+                }
+                let mut pieces = [IoSlice::new(&[]); 2 * DIRECT_BATCH];
+                for (i, (header, (_, _, msg))) in headers.iter().zip(frames.iter()).enumerate() {
+                    pieces[2 * i] = IoSlice::new(header);
+                    pieces[2 * i + 1] = IoSlice::new(msg);
+                }
+                // Would block, or failed: the writer takes them all (and meets the error).
+                stream.try_write_vectored(&pieces[..2 * frames.len()]).unwrap_or(0)
+            }
+            _ => 0,
+        };
+        // The frames written whole, and how much of the next one went out.
+        let (mut whole, mut left) = (0, written);
+        for (_, _, msg) in frames.iter() {
+            let len = 1 + wire::SEND_HEADER + msg.len();
+            if left < len {
+                break;
+            }
+            (whole, left) = (whole + 1, left - len);
+        }
+        if whole < frames.len() {
+            state.busy = true;
+            let keep = !state.writer_gone;
+            for (i, (_, op, msg)) in frames.drain(whole..).enumerate() {
+                let frame = if i == 0 { rest_of_send(op, msg, left) } else { Outgoing::Send { op, msg } };
+                if keep {
+                    state.frames.push_back(frame);
+                }
+            }
+            let waker = state.waker.take();
+            drop(state);
+            wake(waker);
+        }
+    }
+}
+
+/// The SEND frame of `msg` less its first `written` bytes (header first, then payload), for the
+/// writer: frozen, since it may outlive the call in the writer's queue.
+fn rest_of_send(op: OpId, msg: SendBuf, written: usize) -> Outgoing {
+    let header = wire::encode_send(msg.len() as u32);
+    if written == 0 {
+        return Outgoing::Send { op, msg };
+    }
+    let msg = msg.into_bytes();
+    if written < header.len() {
+        Outgoing::SendRest { op, head: Bytes::copy_from_slice(&header[written..]), body: msg }
+    } else {
+        Outgoing::SendRest { op, head: Bytes::new(), body: msg.slice(written - header.len()..) }
     }
 }
 
@@ -357,6 +418,125 @@ mod tests {
         assert!(rx.inner.lock().busy);
         assert_eq!(rx.poll_recv_many(&mut cx, &mut got, 8), Poll::Ready(1));
         assert!(matches!(got.last(), Some(Outgoing::Send { op: 7, msg }) if &msg[..] == b"hi"));
+    }
+
+    /// A connected loopback pair: our outbox over the client's write half (its send buffer
+    /// `sndbuf` bytes when given), the writer's end, and the server's stream to read from.
+    async fn socket_outbox(sndbuf: Option<usize>) -> (Outbox, OutboxRx, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        let (client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        if let Some(size) = sndbuf {
+            socket2::SockRef::from(&client).set_send_buffer_size(size).unwrap();
+            socket2::SockRef::from(&server).set_recv_buffer_size(size).unwrap();
+        }
+        let (_read, write) = client.into_split();
+        let (out, rx) = Outbox::new(Some(write));
+        (out, rx, server)
+    }
+
+    /// SEND frames tagged with their index, payloads of `len` bytes of the index's value.
+    fn sends(count: usize, len: usize) -> Vec<(usize, OpId, SendBuf)> {
+        (0..count).map(|i| (i, 100 + i as OpId, SendBuf::from(vec![i as u8; len]))).collect()
+    }
+
+    /// The bytes of SEND frames as the wire carries them.
+    fn encoded(frames: &[(usize, OpId, SendBuf)]) -> Vec<u8> {
+        frames
+            .iter()
+            .flat_map(|(_, _, msg)| [&wire::encode_send(msg.len() as u32)[..], &msg[..]].concat())
+            .collect()
+    }
+
+    /// The bytes the writer would write for queued SEND frames, with their op ids.
+    fn queued_bytes(frames: &[Outgoing]) -> (Vec<u8>, Vec<OpId>) {
+        let (mut bytes, mut ops) = (Vec::new(), Vec::new());
+        for frame in frames {
+            match frame {
+                Outgoing::Send { op, msg } => {
+                    bytes.extend_from_slice(&wire::encode_send(msg.len() as u32));
+                    bytes.extend_from_slice(msg);
+                    ops.push(*op);
+                }
+                Outgoing::SendRest { op, head, body } => {
+                    bytes.extend_from_slice(head);
+                    bytes.extend_from_slice(body);
+                    ops.push(*op);
+                }
+                other => panic!("not a SEND: {other:?}"),
+            }
+        }
+        (bytes, ops)
+    }
+
+    async fn read_exactly(stream: &mut tokio::net::TcpStream, len: usize) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0; len];
+        tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_exact(&mut buf))
+            .await
+            .expect("the bytes arrive")
+            .unwrap();
+        buf
+    }
+
+    #[tokio::test]
+    async fn a_batch_goes_out_whole_in_one_write_while_the_writer_is_idle() {
+        let (out, mut rx, mut peer) = socket_outbox(None).await;
+        let mut batch = sends(5, 40);
+        let expected = encoded(&batch);
+        out.send_batch_now(&mut batch);
+        assert_eq!(batch.iter().map(|(i, _, _)| *i).collect::<Vec<_>>(), [0, 1, 2, 3, 4], "all written");
+        assert!(!out.inner.lock().busy, "nothing for the writer");
+        assert!(rx.try_recv().is_none());
+        assert_eq!(read_exactly(&mut peer, expected.len()).await, expected);
+    }
+
+    #[tokio::test]
+    async fn a_batch_queues_for_a_busy_writer_or_when_too_large() {
+        let (out, mut rx, _peer) = socket_outbox(None).await;
+        // Busy: a frame is queued ahead, so the batch goes behind it, in order.
+        out.queue(window(9)).unwrap();
+        let mut batch = sends(3, 8);
+        let expected = encoded(&batch);
+        out.send_batch_now(&mut batch);
+        assert!(batch.is_empty(), "nothing written");
+        let mut got = Vec::new();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(rx.poll_recv_many(&mut cx, &mut got, 16), Poll::Ready(4));
+        assert_eq!(rkeys(&got[..1]), [9]);
+        assert_eq!(queued_bytes(&got[1..]), (expected, vec![100, 101, 102]));
+
+        // Idle again, but more frames than one write takes: all to the writer.
+        rx.idle_unless_queued();
+        let mut batch = sends(DIRECT_BATCH + 1, 1);
+        out.send_batch_now(&mut batch);
+        assert!(batch.is_empty());
+        got.clear();
+        assert_eq!(rx.poll_recv_many(&mut cx, &mut got, 256), Poll::Ready(DIRECT_BATCH + 1));
+    }
+
+    #[tokio::test]
+    async fn a_partly_written_batch_leaves_the_rest_to_the_writer_in_order() {
+        // A small send buffer and a peer that does not read yet: the socket takes part of the
+        // 64 KiB batch.
+        let (out, mut rx, mut peer) = socket_outbox(Some(4096)).await;
+        let mut batch = sends(64, DIRECT_MAX / 64 - 5);
+        let all = encoded(&batch);
+        let ops: Vec<OpId> = batch.iter().map(|(_, op, _)| *op).collect();
+        out.send_batch_now(&mut batch);
+        let whole = batch.len();
+        assert!(whole < 64, "the socket took only part of the batch");
+        assert!(out.inner.lock().busy, "the rest is the writer's");
+        let mut queued = Vec::new();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(rx.poll_recv_many(&mut cx, &mut queued, 256), Poll::Ready(64 - whole));
+        let (rest, rest_ops) = queued_bytes(&queued);
+        assert_eq!(rest_ops, ops[whole..], "the frames not written whole, in order");
+        assert!(rest.len() < all.len(), "something was written");
+        // What the socket took, then what the writer would write, is the batch's bytes exactly.
+        let sent = read_exactly(&mut peer, all.len() - rest.len()).await;
+        assert_eq!([sent, rest].concat(), all);
     }
 
     #[test]
