@@ -56,7 +56,7 @@ use crate::{
     TransportCounters, TransportError, WrId,
 };
 use handshake::PeerHello;
-use outbox::{Direct, Outbox, DIRECT_BATCH, DIRECT_MAX};
+use outbox::{Direct, Outbox};
 use push::{Lookup, Push, PushPool};
 use writer::Outgoing;
 
@@ -269,17 +269,14 @@ impl Connection for TcpConnection {
         sends: &mut Vec<(WrId, SendBuf)>,
         done: &mut Vec<(WrId, Result<(), TransportError>)>,
     ) -> Result<(), TransportError> {
-        let direct = sends.len() > 1
-            && sends.len() <= DIRECT_BATCH
-            && !self.direct_unpolled
-            && sends.iter().map(|(_, msg)| msg.len()).sum::<usize>() <= DIRECT_MAX;
-        if !direct {
+        if sends.len() < 2 || self.direct_unpolled {
             return crate::take_each(sends, |(wr_id, msg)| self.send(wr_id, msg, Some(&mut *done)));
         }
-        // The writer idle: the whole batch in one vectored system call, no task woken (one per
-        // SEND, the first written here and the rest by the writer, cost two system calls and
-        // woke the peer for the first frame alone). Those before a SEND that cannot go (too
-        // large for the peer, or the endpoint died) still go; the error is returned after.
+        // The whole batch in one vectored system call if the writer is idle, no task woken (one
+        // by one, the first written here and the rest by the writer, cost two system calls and
+        // woke the peer for the first frame alone); else, or if too large, all to the writer.
+        // Those before a SEND that cannot go (too large for the peer, or the endpoint died)
+        // still go; the error is returned after.
         let max = self.info.peer_recv_size as usize;
         let TcpConnection { soft, out, batch, direct_unpolled, .. } = self;
         let begun = crate::take_each(sends, |(wr_id, msg)| {

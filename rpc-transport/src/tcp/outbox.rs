@@ -5,11 +5,11 @@
 //! The direct write saves the writer task's wake-up (and the driver's second one for the
 //! completion) on every small call, and with many calls in flight it puts a round's SENDs on the
 //! wire together (one system call, one wake-up of the peer); the writer task keeps everything
-//! else: large payloads, later SENDs of a burst (one vectored write for many frames), the rest of
-//! a partial write, and frames from the reader task. Mutual exclusion is a flag under the queue's mutex: whoever queues a frame sets
-//! `busy`, and the writer clears it only when it finds the queue empty under the same lock, so
-//! the writer writes only while `busy` and a direct write happens only while not: bytes never
-//! interleave. The queue is a deque under that lock, taken a batch at a time (a tokio channel
+//! else: large payloads and batches, later SENDs of a burst (one vectored write for many
+//! frames), the rest of a partial write, and frames from the reader task. Mutual exclusion is a
+//! flag under the queue's mutex: whoever queues a frame sets `busy`, and the writer clears it
+//! only when it finds the queue empty under the same lock, so the writer writes only while
+//! `busy` and a direct write happens only while not: bytes never interleave. The queue is a deque under that lock, taken a batch at a time (a tokio channel
 //! cost a few hundred instructions per frame and allocated a block per 32 frames).
 
 use std::collections::VecDeque;
@@ -33,7 +33,7 @@ pub(crate) const DIRECT_MAX: usize = 64 * 1024;
 
 /// SENDs written by the caller in one vectored system call at most (two pieces each, well under
 /// the kernel's `IOV_MAX`); a larger batch goes to the writer.
-pub(crate) const DIRECT_BATCH: usize = 64;
+const DIRECT_BATCH: usize = 64;
 
 /// The frames' way to the writer task, held by the connection and the reader task (the
 /// writer's end is [`OutboxRx`]).
