@@ -19,23 +19,31 @@ async fn setup(kind: Kind, caller_drives: bool) -> common::Setup {
 
 over_all_transports! {
     async fn lone_calls_are_driven_by_their_callers(kind: Kind) {
-        const CALLS: u64 = 50;
-        let s = setup(kind, true).await;
-        let before = s.client.client().stats().await.expect("stats");
-        for i in 0..CALLS {
-            // Eager and rendezvous (both directions) in turn.
-            let len = if i % 3 == 0 { THRESHOLD * 2 } else { 32 };
-            let data = pattern(len, i as u8);
-            assert_eq!(s.client.echo(data.clone()).await.expect("echo"), data);
-        }
-        let after = s.client.client().stats().await.expect("stats");
-        let passes = after.caller_passes - before.caller_passes;
-        assert!(passes >= CALLS, "every lone call drives its connection at least once: {passes} passes");
-        // The driver task is polled about once per call (it runs the rounds the caller left once
-        // it had its answer, or finds the next call driving), not once per message.
-        let task_polls = after.driver_polls - before.driver_polls;
-        eprintln!("{kind:?}: {passes} caller passes, {task_polls} driver task polls for {CALLS} calls");
-        assert!(task_polls <= 2 * CALLS, "{task_polls} driver task polls for {CALLS} lone calls");
+        // On one thread: with two worker threads the driver task may still be running the
+        // previous call's confirming rounds (it holds the connection's state) when the next call
+        // starts, and that call then goes through the queue, as designed. That happened on rxe0
+        // (38 of 50 calls drove). On one thread no other task runs while a call starts, so every
+        // lone call starts, and drives, in its caller's task.
+        common::on_one_thread(move || async move {
+            const CALLS: u64 = 50;
+            let s = setup(kind, true).await;
+            let before = s.client.client().stats().await.expect("stats");
+            for i in 0..CALLS {
+                // Eager and rendezvous (both directions) in turn.
+                let len = if i % 3 == 0 { THRESHOLD * 2 } else { 32 };
+                let data = pattern(len, i as u8);
+                assert_eq!(s.client.echo(data.clone()).await.expect("echo"), data);
+            }
+            let after = s.client.client().stats().await.expect("stats");
+            let passes = after.caller_passes - before.caller_passes;
+            assert!(passes >= CALLS, "every lone call drives its connection at least once: {passes} passes");
+            // The driver task is polled about once per call (it runs the rounds the caller left
+            // once it had its answer, or finds the next call driving), not once per message.
+            let task_polls = after.driver_polls - before.driver_polls;
+            eprintln!("{kind:?}: {passes} caller passes, {task_polls} driver task polls for {CALLS} calls");
+            assert!(task_polls <= 2 * CALLS, "{task_polls} driver task polls for {CALLS} lone calls");
+        })
+        .await;
     }
 
     async fn a_lone_calls_deadline_fires_on_its_own_timer(kind: Kind) {

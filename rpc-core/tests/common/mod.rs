@@ -139,6 +139,22 @@ pub async fn setup_with(kind: Kind, server_cfg: ServerConfig, client_cfg: Client
     Setup { server, client: EchoClient::new(client), probe, addr }
 }
 
+/// Runs `body` on a current-thread runtime of its own, in a thread of its own, and waits for it
+/// (a panic in it is resumed here). For a test whose claim depends on tasks not running at the
+/// same time, which the tests' two worker threads do not promise.
+pub async fn on_one_thread<F, Fut>(body: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let run = tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(body())
+    });
+    if let Err(e) = run.await {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
 /// Waits (bounded) until `cond` holds.
 pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + LIMIT;
