@@ -141,17 +141,28 @@ pub async fn setup_with(kind: Kind, server_cfg: ServerConfig, client_cfg: Client
 
 /// Runs `body` on a current-thread runtime of its own, in a thread of its own, and waits for it
 /// (a panic in it is resumed here). For a test whose claim depends on tasks not running at the
-/// same time, which the tests' two worker threads do not promise.
+/// same time, which the tests' two worker threads do not promise. The thread is detached: if the
+/// test's time limit ends the wait, the test fails at once rather than waiting for the thread.
 pub async fn on_one_thread<F, Fut>(body: F)
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    let run = tokio::task::spawn_blocking(move || {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(body())
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let run = std::panic::AssertUnwindSafe(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(body())
+        });
+        let _ = done.send(std::panic::catch_unwind(run));
     });
-    if let Err(e) = run.await {
-        std::panic::resume_unwind(e.into_panic());
+    match result.await {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("the test's thread ended without a result"),
     }
 }
 
