@@ -224,11 +224,7 @@ impl TcpConnection {
         msg: SendBuf,
         done: Option<&mut Vec<(WrId, Result<(), TransportError>)>>,
     ) -> Result<(), TransportError> {
-        let max = self.info.peer_recv_size as usize;
-        if msg.len() > max {
-            return Err(TransportError::MessageTooLarge { len: msg.len(), max });
-        }
-        let op = self.soft.begin_send(wr_id)?;
+        let op = begin_send(&self.soft, &self.info, wr_id, &msg)?;
         if self.direct_unpolled {
             self.queue(Outgoing::Send { op, msg });
             return Ok(());
@@ -249,6 +245,16 @@ impl TcpConnection {
         }
         Ok(())
     }
+}
+
+/// Records our SEND `wr_id` of `msg` as pending; `Err` if the peer's receive buffers are too
+/// small for it or the endpoint is dead.
+fn begin_send(soft: &Soft, info: &ConnInfo, wr_id: WrId, msg: &SendBuf) -> Result<OpId, TransportError> {
+    let max = info.peer_recv_size as usize;
+    if msg.len() > max {
+        return Err(TransportError::MessageTooLarge { len: msg.len(), max });
+    }
+    soft.begin_send(wr_id)
 }
 
 impl Connection for TcpConnection {
@@ -277,13 +283,9 @@ impl Connection for TcpConnection {
         // woke the peer for the first frame alone); else, or if too large, all to the writer.
         // Those before a SEND that cannot go (too large for the peer, or the endpoint died)
         // still go; the error is returned after.
-        let max = self.info.peer_recv_size as usize;
-        let TcpConnection { soft, out, batch, direct_unpolled, .. } = self;
+        let TcpConnection { soft, out, batch, direct_unpolled, info, .. } = self;
         let begun = crate::take_each(sends, |(wr_id, msg)| {
-            if msg.len() > max {
-                return Err(TransportError::MessageTooLarge { len: msg.len(), max });
-            }
-            batch.push((wr_id, soft.begin_send(wr_id)?, msg));
+            batch.push((wr_id, begin_send(soft, info, wr_id, &msg)?, msg));
             Ok(())
         });
         out.send_batch_now(batch);
