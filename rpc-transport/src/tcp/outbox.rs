@@ -9,8 +9,9 @@
 //! frames), the rest of a partial write, and frames from the reader task. Mutual exclusion is a
 //! flag under the queue's mutex: whoever queues a frame sets `busy`, and the writer clears it
 //! only when it finds the queue empty under the same lock, so the writer writes only while
-//! `busy` and a direct write happens only while not: bytes never interleave. The queue is a deque under that lock, taken a batch at a time (a tokio channel
-//! cost a few hundred instructions per frame and allocated a block per 32 frames).
+//! `busy` and a direct write happens only while not: bytes never interleave. The queue is a
+//! deque under that lock, taken a batch at a time (a tokio channel cost a few hundred
+//! instructions per frame and allocated a block per 32 frames).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -87,12 +88,14 @@ impl Inner {
     }
 }
 
-/// Queues `frame` (dropped if the writer is gone) and marks the writer busy, then releases the
-/// lock and wakes the writer if it waits.
-fn enqueue(mut state: MutexGuard<'_, State>, frame: Outgoing) {
+/// Queues `frames` in order (dropped if the writer is gone) and marks the writer busy, then
+/// releases the lock and wakes the writer if it waits.
+fn enqueue(mut state: MutexGuard<'_, State>, frames: impl IntoIterator<Item = Outgoing>) {
     state.busy = true;
-    if !state.writer_gone {
-        state.frames.push_back(frame);
+    if state.writer_gone {
+        frames.into_iter().for_each(drop);
+    } else {
+        state.frames.extend(frames);
     }
     let waker = state.waker.take();
     drop(state);
@@ -142,7 +145,7 @@ impl Outbox {
         if state.writer_gone {
             return Err(frame);
         }
-        enqueue(state, frame);
+        enqueue(state, [frame]);
         Ok(())
     }
 
@@ -154,7 +157,7 @@ impl Outbox {
         let stream = match &self.inner.stream {
             Some(s) if !state.busy && msg.len() <= DIRECT_MAX => s,
             _ => {
-                enqueue(state, Outgoing::Send { op, msg });
+                enqueue(state, [Outgoing::Send { op, msg }]);
                 return Direct::Queued;
             }
         };
@@ -165,7 +168,7 @@ impl Outbox {
         if written == total {
             return Direct::Written;
         }
-        enqueue(state, rest_of_send(op, msg, written));
+        enqueue(state, [rest_of_send(op, msg, written)]);
         Direct::Queued
     }
 
@@ -176,7 +179,7 @@ impl Outbox {
     /// for the writer, in order (all of them when the writer is busy, the socket would block or
     /// the batch is too large). `T` is the caller's tag of each frame.
     pub(crate) fn send_batch_now<T>(&self, frames: &mut Vec<(T, OpId, SendBuf)>) {
-        let mut state = self.inner.lock();
+        let state = self.inner.lock();
         let fits = frames.len() <= DIRECT_BATCH
             && frames.iter().map(|(_, _, msg)| msg.len()).sum::<usize>() <= DIRECT_MAX;
         let written = match &self.inner.stream {
@@ -205,17 +208,14 @@ impl Outbox {
             (whole, left) = (whole + 1, left - len);
         }
         if whole < frames.len() {
-            state.busy = true;
-            let keep = !state.writer_gone;
-            for (i, (_, op, msg)) in frames.drain(whole..).enumerate() {
-                let frame = if i == 0 { rest_of_send(op, msg, left) } else { Outgoing::Send { op, msg } };
-                if keep {
-                    state.frames.push_back(frame);
+            let rest = frames.drain(whole..).enumerate().map(|(i, (_, op, msg))| {
+                if i == 0 {
+                    rest_of_send(op, msg, left)
+                } else {
+                    Outgoing::Send { op, msg }
                 }
-            }
-            let waker = state.waker.take();
-            drop(state);
-            wake(waker);
+            });
+            enqueue(state, rest);
         }
     }
 }
