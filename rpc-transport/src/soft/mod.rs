@@ -187,6 +187,11 @@ impl Soft {
         }
     }
 
+    /// Whether the endpoint has died.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.lock().alive().is_err()
+    }
+
     /// Posts a receive; a message waiting in the overflow queue is delivered into it at once.
     pub(crate) fn post_recv(&self, buf: RecvBuffer) -> Result<(), TransportError> {
         self.update_or_fail(|st| st.post_recv(buf)).map_err(|d| d.to_error())
@@ -236,15 +241,34 @@ impl Soft {
         Ok(())
     }
 
+    /// Counts `n` SENDs the backend tries to write at once (the tcp direct write): counted as
+    /// sent and as direct, not recorded as pending. `Err` if the endpoint is dead. One that is
+    /// not written at once after all goes through [`Soft::record_direct_send`]; one written
+    /// whole is complete (see [`Soft::complete_direct_send`]).
+    pub(crate) fn begin_direct_sends(&self, n: u64) -> Result<(), TransportError> {
+        let mut st = self.lock();
+        st.alive().map_err(|d| d.to_error())?;
+        st.counters.sends += n;
+        st.counters.sends_direct += n;
+        Ok(())
+    }
+
+    /// A SEND begun with [`Soft::begin_direct_sends`] that goes to the writer after all: recorded
+    /// as pending (and no longer counted as direct). `None` if the endpoint died meanwhile: the
+    /// SEND then completes as a flushed one does, and the frame must be dropped.
+    pub(crate) fn record_direct_send(&self, wr_id: WrId) -> Option<OpId> {
+        self.update(|st| st.record_direct_send(wr_id))
+    }
+
+    /// A SEND begun with [`Soft::begin_direct_sends`] and written whole: its completion is
+    /// queued (as a flushed one if the endpoint died meanwhile).
+    pub(crate) fn complete_direct_send(&self, wr_id: WrId) {
+        self.update(|st| st.complete_send_at_once(wr_id, Ok(())))
+    }
+
     /// Completes a pending SEND (no effect if it was flushed meanwhile).
     pub(crate) fn complete_send(&self, op: OpId, result: Result<(), TransportError>) {
         self.update(|st| st.complete_send(op, result))
-    }
-
-    /// Forgets a pending SEND the caller reports as complete itself; `false` if it was flushed
-    /// meanwhile (then its completion is queued as usual).
-    pub(crate) fn forget_send(&self, op: OpId) -> bool {
-        self.lock().take_send(op).is_some()
     }
 
     /// Completes several pending SENDs successfully, in the given order, under one lock.

@@ -204,6 +204,17 @@ impl State {
         }
     }
 
+    /// See [`super::Soft::record_direct_send`].
+    pub(super) fn record_direct_send(&mut self, wr_id: WrId) -> Option<OpId> {
+        self.counters.sends_direct -= 1;
+        if self.dead.is_some() {
+            // Completes as flushed: `send_at_once_result` sees the death.
+            self.complete_send_at_once(wr_id, Ok(()));
+            return None;
+        }
+        Some(self.new_op(Pending::Send(wr_id)))
+    }
+
     /// Takes a pending SEND off the pending operations and returns its id; `None` if it was
     /// flushed meanwhile (its completion is then already queued).
     pub(super) fn take_send(&mut self, op: OpId) -> Option<WrId> {

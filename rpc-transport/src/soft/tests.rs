@@ -129,6 +129,31 @@ fn death_flushes_pending_operations_in_order_then_errors_forever() {
 }
 
 #[test]
+fn direct_sends_are_recorded_only_when_queued_and_complete_once_if_the_endpoint_dies() {
+    let soft = Soft::new(&params(2, 16));
+    soft.begin_direct_sends(3).unwrap();
+    assert_eq!((soft.counters().sends, soft.counters().sends_direct), (3, 3));
+    // 20 written whole: complete, never pending. 21 goes to the writer: pending, and no longer
+    // direct. 22 goes to the writer after the endpoint died: not recorded, flushed.
+    soft.complete_direct_send(20);
+    let queued = soft.record_direct_send(21).expect("alive: recorded");
+    soft.fail(Death::Closed("peer gone".into()));
+    assert_eq!(soft.record_direct_send(22), None, "dead: the frame must be dropped");
+    soft.complete_send(queued, Ok(())); // the writer, too late: already flushed
+    let (done, _) = drain(&soft);
+    let summary: Vec<(WrId, bool)> = done
+        .iter()
+        .map(|c| match c {
+            Completion::Send { wr_id, result } => (*wr_id, result.is_ok()),
+            other => panic!("expected a SEND, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(summary, [(20, true), (21, false), (22, false)], "each SEND completes exactly once");
+    assert_eq!((soft.counters().sends, soft.counters().sends_direct), (3, 1));
+    assert!(matches!(soft.begin_direct_sends(1), Err(TransportError::Disconnected(_))));
+}
+
+#[test]
 fn queued_completion_wakes_the_registered_poller() {
     let soft = Soft::new(&params(1, 16));
     let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));

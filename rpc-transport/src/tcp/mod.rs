@@ -48,9 +48,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::task::AbortHandle;
 
-use crate::soft::{validate_params, Death, OpId, Soft, MAX_READ_SIZE};
+use crate::soft::{validate_params, Death, Soft, MAX_READ_SIZE};
 use crate::{
     Buf, Completion, ConnInfo, ConnParams, Connection, MemPool, RecvBuffer, RegionDesc, SendBuf,
     TransportCounters, TransportError, WrId,
@@ -150,7 +150,7 @@ struct TcpConnection {
     /// next SENDs go to the writer (one vectored write for all) rather than one system call each.
     direct_unpolled: bool,
     /// The SENDs of one batch offered for a direct write (reused: no allocation per batch).
-    batch: Vec<(WrId, OpId, SendBuf)>,
+    batch: Vec<(WrId, SendBuf)>,
     info: ConnInfo,
 }
 
@@ -165,36 +165,39 @@ impl TcpConnection {
         peer: SocketAddr,
         push_pool: Option<Arc<PushPool>>,
     ) -> Self {
-        let (stop_tx, stop_rx) = watch::channel(false);
         let push = Arc::new(Push::new(ours.tcp_push_window, hello.push_window, push_pool));
-        let dead_push = push.clone();
-        soft.set_on_death(move |_| {
-            dead_push.close();
-            stop_tx.send_replace(true);
-        });
         let (read_half, write_half) = stream.into_split();
         let (out, out_rx) = Outbox::new(Some(write_half));
 
+        // The tasks stop when the endpoint dies, whoever kills it: the death hook aborts them
+        // (a task ends at its next poll, as it would if it watched a stop signal, without the
+        // cost of polling one on every wake-up). The writer's end shuts the socket down for
+        // writing when it is dropped, so the peer sees EOF either way.
         let mut reader = reader::Reader::new(soft.clone(), out.clone(), ours.recv_size, push.clone());
-        let (reader_soft, mut stop) = (soft.clone(), stop_rx.clone());
-        tokio::spawn(async move {
+        let reader_soft = soft.clone();
+        let reading = tokio::spawn(async move {
             let mut r = BufReader::with_capacity(IO_BUFFER, read_half);
-            tokio::select! {
-                death = reader.run(&mut r) => reader_soft.fail(death),
-                _ = stop.wait_for(|stopped| *stopped) => {}
-            }
+            let death = reader.run(&mut r).await;
+            reader_soft.fail(death);
         });
-
-        let (writer_soft, mut stop, mut out_rx) = (soft.clone(), stop_rx, out_rx);
-        tokio::spawn(async move {
+        let (writer_soft, mut out_rx) = (soft.clone(), out_rx);
+        let writing = tokio::spawn(async move {
             let mut w = out_rx.writer();
-            tokio::select! {
-                death = writer::run(&mut w, &mut out_rx, &writer_soft) => writer_soft.fail(death),
-                _ = stop.wait_for(|stopped| *stopped) => {}
-            }
-            // The peer sees EOF.
-            out_rx.shutdown();
+            let death = writer::run(&mut w, &mut out_rx, &writer_soft).await;
+            writer_soft.fail(death);
         });
+        let tasks = [reading.abort_handle(), writing.abort_handle()];
+        let dead_push = push.clone();
+        let stop = tasks.clone();
+        soft.set_on_death(move |_| {
+            dead_push.close();
+            stop.iter().for_each(AbortHandle::abort);
+        });
+        // A task that killed the endpoint before the hook was set has stopped; the other must.
+        if soft.is_dead() {
+            push.close();
+            tasks.iter().for_each(AbortHandle::abort);
+        }
 
         let info = ConnInfo {
             peer_private_data: hello.private_data,
@@ -224,37 +227,34 @@ impl TcpConnection {
         msg: SendBuf,
         done: Option<&mut Vec<(WrId, Result<(), TransportError>)>>,
     ) -> Result<(), TransportError> {
-        let op = begin_send(&self.soft, &self.info, wr_id, &msg)?;
+        check_size(&self.info, &msg)?;
         if self.direct_unpolled {
+            let op = self.soft.begin_send(wr_id)?;
             self.queue(Outgoing::Send { op, msg });
             return Ok(());
         }
-        // The writer idle: written here, one system call, no task woken.
-        if let Direct::Written = self.out.send_now(op, msg) {
+        // The writer idle: written here, one system call, no task woken, and recorded as pending
+        // only if the writer takes it after all.
+        self.soft.begin_direct_sends(1)?;
+        let soft = &self.soft;
+        if let Direct::Written = self.out.send_now(msg, || soft.record_direct_send(wr_id)) {
             self.direct_unpolled = true;
-            self.soft.count(|c| c.sends_direct += 1);
             match done {
-                // Unless the connection died meanwhile (then its flush is queued as usual).
-                Some(done) => {
-                    if self.soft.forget_send(op) {
-                        done.push((wr_id, Ok(())));
-                    }
-                }
-                None => self.soft.complete_send(op, Ok(())),
+                Some(done) => done.push((wr_id, Ok(()))),
+                None => soft.complete_direct_send(wr_id),
             }
         }
         Ok(())
     }
 }
 
-/// Records our SEND `wr_id` of `msg` as pending; `Err` if the peer's receive buffers are too
-/// small for it or the endpoint is dead.
-fn begin_send(soft: &Soft, info: &ConnInfo, wr_id: WrId, msg: &SendBuf) -> Result<OpId, TransportError> {
+/// `Err` if `msg` is too large for the peer's receive buffers.
+fn check_size(info: &ConnInfo, msg: &SendBuf) -> Result<(), TransportError> {
     let max = info.peer_recv_size as usize;
     if msg.len() > max {
         return Err(TransportError::MessageTooLarge { len: msg.len(), max });
     }
-    soft.begin_send(wr_id)
+    Ok(())
 }
 
 impl Connection for TcpConnection {
@@ -284,23 +284,23 @@ impl Connection for TcpConnection {
         // Those before a SEND that cannot go (too large for the peer, or the endpoint died)
         // still go; the error is returned after.
         let TcpConnection { soft, out, batch, direct_unpolled, info, .. } = self;
-        let begun = crate::take_each(sends, |(wr_id, msg)| {
-            batch.push((wr_id, begin_send(soft, info, wr_id, &msg)?, msg));
+        let checked = crate::take_each(sends, |(wr_id, msg)| {
+            check_size(info, &msg)?;
+            batch.push((wr_id, msg));
             Ok(())
         });
-        out.send_batch_now(batch);
         if !batch.is_empty() {
-            *direct_unpolled = true;
-            let written = batch.len() as u64;
-            soft.count(|c| c.sends_direct += written);
-        }
-        for (wr_id, op, _msg) in batch.drain(..) {
-            // Unless the connection died meanwhile (then its flush is queued as usual).
-            if soft.forget_send(op) {
-                done.push((wr_id, Ok(())));
+            if let Err(dead) = soft.begin_direct_sends(batch.len() as u64) {
+                batch.clear();
+                return Err(dead);
             }
         }
-        begun
+        out.send_batch_now(batch, |&wr_id| soft.record_direct_send(wr_id));
+        if !batch.is_empty() {
+            *direct_unpolled = true;
+        }
+        done.extend(batch.drain(..).map(|(wr_id, _msg)| (wr_id, Ok(()))));
+        checked
     }
 
     fn pool(&self) -> &MemPool {

@@ -151,13 +151,15 @@ impl Outbox {
 
     /// Writes the SEND frame of `msg` at once if the writer is idle and the socket takes it all
     /// without blocking; otherwise queues it for the writer (what is left of it after a partial
-    /// write).
-    pub(crate) fn send_now(&self, op: OpId, msg: SendBuf) -> Direct {
+    /// write) as the pending operation `record` returns. `record` runs only then, under the
+    /// queue's lock (a SEND written whole is never recorded); `None` (the endpoint died
+    /// meanwhile) drops the frame.
+    pub(crate) fn send_now(&self, msg: SendBuf, record: impl FnOnce() -> Option<OpId>) -> Direct {
         let state = self.inner.lock();
         let stream = match &self.inner.stream {
             Some(s) if !state.busy && msg.len() <= DIRECT_MAX => s,
             _ => {
-                enqueue(state, [Outgoing::Send { op, msg }]);
+                enqueue(state, record().map(|op| Outgoing::Send { op, msg }));
                 return Direct::Queued;
             }
         };
@@ -168,7 +170,7 @@ impl Outbox {
         if written == total {
             return Direct::Written;
         }
-        enqueue(state, [rest_of_send(op, msg, written)]);
+        enqueue(state, record().map(|op| rest_of_send(op, msg, written)));
         Direct::Queued
     }
 
@@ -177,19 +179,25 @@ impl Outbox {
     /// [`DIRECT_MAX`] bytes in all. Returns with `frames` holding the frames written whole (a
     /// prefix: complete them); the others, the rest of a partly written one first, were queued
     /// for the writer, in order (all of them when the writer is busy, the socket would block or
-    /// the batch is too large). `T` is the caller's tag of each frame.
-    pub(crate) fn send_batch_now<T>(&self, frames: &mut Vec<(T, OpId, SendBuf)>) {
+    /// the batch is too large), each as the pending operation `record` returns for its tag `T`
+    /// (as in [`Outbox::send_now`]: called for those only, under the queue's lock; `None` drops
+    /// the frame).
+    pub(crate) fn send_batch_now<T>(
+        &self,
+        frames: &mut Vec<(T, SendBuf)>,
+        mut record: impl FnMut(&T) -> Option<OpId>,
+    ) {
         let state = self.inner.lock();
         let fits = frames.len() <= DIRECT_BATCH
-            && frames.iter().map(|(_, _, msg)| msg.len()).sum::<usize>() <= DIRECT_MAX;
+            && frames.iter().map(|(_, msg)| msg.len()).sum::<usize>() <= DIRECT_MAX;
         let written = match &self.inner.stream {
             Some(stream) if !state.busy && fits => {
                 let mut headers = [[0; 1 + wire::SEND_HEADER]; DIRECT_BATCH];
-                for (header, (_, _, msg)) in headers.iter_mut().zip(frames.iter()) {
+                for (header, (_, msg)) in headers.iter_mut().zip(frames.iter()) {
                     *header = wire::encode_send(msg.len() as u32);
                 }
                 let mut pieces = [IoSlice::new(&[]); 2 * DIRECT_BATCH];
-                for (i, (header, (_, _, msg))) in headers.iter().zip(frames.iter()).enumerate() {
+                for (i, (header, (_, msg))) in headers.iter().zip(frames.iter()).enumerate() {
                     pieces[2 * i] = IoSlice::new(header);
                     pieces[2 * i + 1] = IoSlice::new(msg);
                 }
@@ -200,7 +208,7 @@ impl Outbox {
         };
         // The frames written whole, and how much of the next one went out.
         let (mut whole, mut left) = (0, written);
-        for (_, _, msg) in frames.iter() {
+        for (_, msg) in frames.iter() {
             let len = 1 + wire::SEND_HEADER + msg.len();
             if left < len {
                 break;
@@ -208,12 +216,9 @@ impl Outbox {
             (whole, left) = (whole + 1, left - len);
         }
         if whole < frames.len() {
-            let rest = frames.drain(whole..).enumerate().map(|(i, (_, op, msg))| {
-                if i == 0 {
-                    rest_of_send(op, msg, left)
-                } else {
-                    Outgoing::Send { op, msg }
-                }
+            let rest = frames.drain(whole..).enumerate().filter_map(|(i, (tag, msg))| {
+                let op = record(&tag)?;
+                Some(if i == 0 { rest_of_send(op, msg, left) } else { Outgoing::Send { op, msg } })
             });
             enqueue(state, rest);
         }
@@ -291,15 +296,11 @@ impl OutboxRx {
     pub(crate) fn writer(&self) -> SharedWrite {
         SharedWrite { inner: self.inner.clone() }
     }
-
-    /// Shuts the socket down for writing (the peer sees EOF), when the writer stops.
-    pub(crate) fn shutdown(&self) {
-        shutdown(&self.inner);
-    }
 }
 
 impl Drop for OutboxRx {
-    /// Later frames are refused; what was queued is dropped (outside the lock).
+    /// The writer is gone: later frames are refused, what was queued is dropped (outside the
+    /// lock), and the socket is shut down for writing (the peer sees EOF).
     fn drop(&mut self) {
         let queued = {
             let mut state = self.inner.lock();
@@ -308,6 +309,7 @@ impl Drop for OutboxRx {
             std::mem::take(&mut state.frames)
         };
         drop(queued);
+        shutdown(&self.inner);
     }
 }
 
@@ -414,7 +416,7 @@ mod tests {
         rx.idle_unless_queued();
         assert!(!rx.inner.lock().busy, "nothing queued: idle");
         // Without a socket a SEND is never written directly: it queues, and the writer is busy.
-        assert!(matches!(out.send_now(7, SendBuf::from(&b"hi"[..])), Direct::Queued));
+        assert!(matches!(out.send_now(SendBuf::from(&b"hi"[..]), || Some(7)), Direct::Queued));
         assert!(rx.inner.lock().busy);
         assert_eq!(rx.poll_recv_many(&mut cx, &mut got, 8), Poll::Ready(1));
         assert!(matches!(got.last(), Some(Outgoing::Send { op: 7, msg }) if &msg[..] == b"hi"));
@@ -437,15 +439,20 @@ mod tests {
     }
 
     /// SEND frames tagged with their index, payloads of `len` bytes of the index's value.
-    fn sends(count: usize, len: usize) -> Vec<(usize, OpId, SendBuf)> {
-        (0..count).map(|i| (i, 100 + i as OpId, SendBuf::from(vec![i as u8; len]))).collect()
+    fn sends(count: usize, len: usize) -> Vec<(usize, SendBuf)> {
+        (0..count).map(|i| (i, SendBuf::from(vec![i as u8; len]))).collect()
+    }
+
+    /// The pending operation of the frame tagged `i`, when it goes to the writer.
+    fn op_of(i: &usize) -> Option<OpId> {
+        Some(100 + *i as OpId)
     }
 
     /// The bytes of SEND frames as the wire carries them.
-    fn encoded(frames: &[(usize, OpId, SendBuf)]) -> Vec<u8> {
+    fn encoded(frames: &[(usize, SendBuf)]) -> Vec<u8> {
         frames
             .iter()
-            .flat_map(|(_, _, msg)| [&wire::encode_send(msg.len() as u32)[..], &msg[..]].concat())
+            .flat_map(|(_, msg)| [&wire::encode_send(msg.len() as u32)[..], &msg[..]].concat())
             .collect()
     }
 
@@ -485,8 +492,8 @@ mod tests {
         let (out, mut rx, mut peer) = socket_outbox(None).await;
         let mut batch = sends(5, 40);
         let expected = encoded(&batch);
-        out.send_batch_now(&mut batch);
-        assert_eq!(batch.iter().map(|(i, _, _)| *i).collect::<Vec<_>>(), [0, 1, 2, 3, 4], "all written");
+        out.send_batch_now(&mut batch, op_of);
+        assert_eq!(batch.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 1, 2, 3, 4], "all written");
         assert!(!out.inner.lock().busy, "nothing for the writer");
         assert!(rx.try_recv().is_none());
         assert_eq!(read_exactly(&mut peer, expected.len()).await, expected);
@@ -499,7 +506,7 @@ mod tests {
         out.queue(window(9)).unwrap();
         let mut batch = sends(3, 8);
         let expected = encoded(&batch);
-        out.send_batch_now(&mut batch);
+        out.send_batch_now(&mut batch, op_of);
         assert!(batch.is_empty(), "nothing written");
         let mut got = Vec::new();
         let mut cx = Context::from_waker(Waker::noop());
@@ -510,7 +517,7 @@ mod tests {
         // Idle again, but more frames than one write takes: all to the writer.
         rx.idle_unless_queued();
         let mut batch = sends(DIRECT_BATCH + 1, 1);
-        out.send_batch_now(&mut batch);
+        out.send_batch_now(&mut batch, op_of);
         assert!(batch.is_empty());
         got.clear();
         assert_eq!(rx.poll_recv_many(&mut cx, &mut got, 256), Poll::Ready(DIRECT_BATCH + 1));
@@ -523,8 +530,8 @@ mod tests {
         let (out, mut rx, mut peer) = socket_outbox(Some(4096)).await;
         let mut batch = sends(64, DIRECT_MAX / 64 - 5);
         let all = encoded(&batch);
-        let ops: Vec<OpId> = batch.iter().map(|(_, op, _)| *op).collect();
-        out.send_batch_now(&mut batch);
+        let ops: Vec<OpId> = batch.iter().filter_map(|(i, _)| op_of(i)).collect();
+        out.send_batch_now(&mut batch, op_of);
         let whole = batch.len();
         assert!(whole < 64, "the socket took only part of the batch");
         assert!(out.inner.lock().busy, "the rest is the writer's");
@@ -559,7 +566,7 @@ mod tests {
         drop(rx);
         assert!(matches!(out.queue(window(2)), Err(Outgoing::Window { rkey: 2, .. })));
         assert!(
-            matches!(out.send_now(1, SendBuf::from(&b"x"[..])), Direct::Queued),
+            matches!(out.send_now(SendBuf::from(&b"x"[..]), || Some(1)), Direct::Queued),
             "dropped, as the endpoint is dead"
         );
         assert!(out.inner.lock().frames.is_empty(), "nothing is kept for a writer that is gone");
