@@ -37,11 +37,15 @@ over_all_transports! {
             let after = s.client.client().stats().await.expect("stats");
             let passes = after.caller_passes - before.caller_passes;
             assert!(passes >= CALLS, "every lone call drives its connection at least once: {passes} passes");
-            // The driver task is polled about once per call (it runs the rounds the caller left
-            // once it had its answer, or finds the next call driving), not once per message.
+            // Over verbs the driver task is polled about once per call (it runs the rounds the
+            // caller left once it had its answer: they re-arm the CQ, a system call, off the
+            // call's path), not once per message. Over mem and tcp, where those rounds cost
+            // nothing but instructions, the caller runs them itself: the task is not woken for
+            // lone calls at all (the one poll is for the `stats` command).
             let task_polls = after.driver_polls - before.driver_polls;
             eprintln!("{kind:?}: {passes} caller passes, {task_polls} driver task polls for {CALLS} calls");
-            assert!(task_polls <= 2 * CALLS, "{task_polls} driver task polls for {CALLS} lone calls");
+            let bound = if matches!(kind, Kind::Rdma) { 2 * CALLS } else { 2 };
+            assert!(task_polls <= bound, "{task_polls} driver task polls for {CALLS} lone calls");
         })
         .await;
     }

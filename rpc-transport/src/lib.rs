@@ -278,6 +278,11 @@ pub struct ConnInfo {
     pub peer: String,
     /// The backend's name: `mem`, `tcp`, `rdma`, `shm`.
     pub backend: &'static str,
+    /// A [`Connection::poll_completions`] that finds nothing costs a system call (verbs: it
+    /// re-arms the completion queue; `mem` and `tcp` only look at a queue in memory). A driver
+    /// that has what it was waiting for may then leave that confirming poll to later, off the
+    /// call's path.
+    pub idle_poll_is_costly: bool,
 }
 
 impl ConnInfo {

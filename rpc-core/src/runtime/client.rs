@@ -501,6 +501,7 @@ async fn open(
         finished: false,
         quiet: None,
         cut_short: false,
+        may_cut_short: info.idle_poll_is_costly,
         route: route.clone(),
         caller_passes: 0,
     };
@@ -639,6 +640,11 @@ struct ClientDriver {
     /// The pass stopped once the result of the `quiet` call was delivered (its caller is
     /// waiting for nothing else), without the rounds that would confirm there is nothing more.
     cut_short: bool,
+    /// A caller's pass may stop short at its result: only where the confirming rounds cost a
+    /// system call ([`ConnInfo::idle_poll_is_costly`](rpc_transport::ConnInfo), verbs). Elsewhere
+    /// the caller runs them itself (a few hundred instructions), which spares the driver task a
+    /// wake-up and a pass per call.
+    may_cut_short: bool,
     /// The connection's wake-up route (it counts the driver task's polls, for [`ConnStats`]).
     route: Arc<Route>,
     /// Passes run by callers driving the connection (for [`ConnStats`]).
@@ -706,7 +712,7 @@ impl ClientDriver {
             // A caller that has gone (its cancel not yet taken) gets nothing; one running this
             // pass looks at its slot after it.
             let wake = self.quiet != Some(call_id);
-            self.cut_short |= !wake;
+            self.cut_short |= !wake && self.may_cut_short;
             self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
         }
     }

@@ -44,6 +44,7 @@ pub(crate) fn pair(
         max_reads_in_flight: MAX_READS_IN_FLIGHT,
         peer,
         backend: "mem",
+        idle_poll_is_costly: false,
     };
     let client_conn = MemConnection {
         local: client_end.clone(),

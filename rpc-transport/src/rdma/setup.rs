@@ -202,6 +202,7 @@ fn build_connection(
             max_reads_in_flight: 1,
             peer: format!("{peer} via {}", facts.name),
             backend: "rdma",
+            idle_poll_is_costly: true,
         },
         limits: Limits { sq_depth, max_inline, max_chunk, max_reads: 1, poll_budget: cfg.poll_budget.max(1) },
         ops: Slab::default(),

@@ -207,6 +207,7 @@ impl TcpConnection {
             max_reads_in_flight: MAX_READS_IN_FLIGHT,
             peer: peer.to_string(),
             backend: "tcp",
+            idle_poll_is_costly: false,
         };
         TcpConnection { soft, push, out, direct_unpolled: false, batch: Vec::new(), info }
     }
