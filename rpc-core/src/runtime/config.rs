@@ -27,11 +27,13 @@ pub struct ClientConfig {
     pub rdma: rpc_transport::RdmaSettings,
     /// A call made while no other is in flight on its connection does the connection driver's
     /// work in the calling task: it posts its request at once and polls the connection while it
-    /// waits, with no queue and no task in between. The caller stops as soon as it has its
-    /// answer; the rounds that would only confirm the connection has nothing more (on rdma,
-    /// taking the CQ event and re-arming it: system calls) are left to the driver task, polled
+    /// waits, with no queue and no task in between. Over rdma the caller stops as soon as it
+    /// has its answer: the rounds that would only confirm the connection has nothing more
+    /// (taking the CQ event and re-arming it: system calls) are left to the driver task, polled
     /// once per such call, which runs them off the call's path (or finds the next lone call
-    /// driving already). Calls made while others are in flight go through the driver task,
+    /// driving already). Over mem and tcp, where those rounds cost no system call, the caller
+    /// runs them too and the driver task is not woken. Calls made while others are in flight go
+    /// through the driver task,
     /// which batches their SENDs. Default `true`; `false`: every call goes through the driver
     /// task. No memory cost either way.
     pub caller_drives: bool,
