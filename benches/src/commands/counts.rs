@@ -127,7 +127,21 @@ pub(super) async fn counts(args: CountsArgs) -> Result<(), BenchError> {
         }
     }
     print(&args, &rows);
+    let (_server, _client, stub) = serve_and_connect("mem").await?;
+    let (echo, increment) = future_sizes(&stub);
+    println!();
+    println!(
+        "call futures (what a caller moves when it spawns a call or pushes it into a \
+         FuturesUnordered): echo {echo} B, increment {increment} B"
+    );
     Ok(())
+}
+
+/// The sizes of a generated stub's call futures (built, never polled).
+fn future_sizes(stub: &BenchClient) -> (usize, usize) {
+    let echo = stub.echo(Bytes::new());
+    let increment = stub.increment(0);
+    (std::mem::size_of_val(&echo), std::mem::size_of_val(&increment))
 }
 
 /// What the measured calls cost: the allocation counts before and after, the caller's polls.
