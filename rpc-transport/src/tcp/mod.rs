@@ -187,16 +187,20 @@ impl TcpConnection {
             writer_soft.fail(death);
         });
         let tasks = [reading.abort_handle(), writing.abort_handle()];
-        let dead_push = push.clone();
-        let stop = tasks.clone();
-        soft.set_on_death(move |_| {
-            dead_push.close();
-            stop.iter().for_each(AbortHandle::abort);
+        let stop = {
+            let push = push.clone();
+            move || {
+                push.close();
+                tasks.iter().for_each(AbortHandle::abort);
+            }
+        };
+        soft.set_on_death({
+            let stop = stop.clone();
+            move |_| stop()
         });
         // A task that killed the endpoint before the hook was set has stopped; the other must.
         if soft.is_dead() {
-            push.close();
-            tasks.iter().for_each(AbortHandle::abort);
+            stop();
         }
 
         let info = ConnInfo {
