@@ -71,6 +71,13 @@ fn frame(mut h: Header) -> Bytes {
 }
 
 /// Waits for the next completion of a raw connection.
+/// Whether `conn` fails (the peer closed it) within [`common::LIMIT`], completions before that
+/// taken and dropped.
+async fn closed_by_peer(conn: &mut dyn Connection) -> bool {
+    let failed = async { while next_completion(&mut *conn).await.is_ok() {} };
+    tokio::time::timeout(common::LIMIT, failed).await.is_ok()
+}
+
 async fn next_completion(conn: &mut dyn Connection) -> Result<Completion, transport::TransportError> {
     let mut out = Vec::new();
     futures::future::poll_fn(|cx| conn.poll_completions(cx, &mut out, 1)).await?;
@@ -247,14 +254,7 @@ over_all_transports! {
             let mut bad = transport::connect(&addr, raw_params()).await.unwrap();
             bad.post_send(1, Bytes::from(garbage).into()).unwrap();
             // The server closes that connection: we see it fail (not hang).
-            let closed = tokio::time::timeout(common::LIMIT, async {
-                loop {
-                    if next_completion(bad.as_mut()).await.is_err() {
-                        break;
-                    }
-                }
-            }).await;
-            assert!(closed.is_ok(), "server closed the connection that sent garbage");
+            assert!(closed_by_peer(bad.as_mut()).await, "server closed the connection that sent garbage");
             // The good client carries on.
             assert_eq!(s.client.echo(Bytes::from_static(b"still here")).await.unwrap(), Bytes::from_static(b"still here"));
         }
@@ -275,14 +275,7 @@ over_all_transports! {
             }
             Ok(Err(other)) => panic!("connect failed, but not as a rejection: {other:?}"),
             Ok(Ok(mut bad)) => {
-                let closed = tokio::time::timeout(common::LIMIT, async {
-                    loop {
-                        if next_completion(bad.as_mut()).await.is_err() {
-                            break;
-                        }
-                    }
-                }).await;
-                assert!(closed.is_ok(), "server dropped the non-protocol peer");
+                assert!(closed_by_peer(bad.as_mut()).await, "server dropped the non-protocol peer");
             }
         }
         assert_eq!(s.client.size(Bytes::from_static(b"abc")).await.unwrap(), 3);
