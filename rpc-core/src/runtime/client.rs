@@ -9,12 +9,14 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rpc_transport::{Address, Connection, Detail, MemPool, Received, TransportError};
+use rpc_transport::{Address, Connection, Detail, MemPool, TransportError};
 use std::collections::VecDeque;
 
 use tokio::sync::{oneshot, Semaphore, TryAcquireError};
 use tracing::field::Empty;
 use tracing::Instrument;
+
+mod call;
 
 use super::call_slots::{CallResult, CallSlots};
 use super::commands;
@@ -324,97 +326,6 @@ impl Client {
             .map(|(response, info)| (response.into_bytes(), info))
     }
 
-    /// Calls `method` (named `name` in spans, events and metrics), the deadline counting from
-    /// `started` (the generated stubs pass the moment they were called, so encoding the
-    /// arguments counts). A call whose deadline has passed before it is sent is not sent.
-    pub(crate) async fn call_since(
-        &self,
-        started: tokio::time::Instant,
-        method: MethodId,
-        name: MethodName,
-        payload: Payload,
-        opts: &CallOptions,
-    ) -> Result<(Received, CallInfo), CallError> {
-        // The span is not entered around the await (nothing logs inside it): its fields and the
-        // end event carry the call's identity, at no cost when it is disabled.
-        let span = tracing::debug_span!(
-            "call",
-            method = %name,
-            call_id = Empty,
-            peer = %self.shared.peer,
-            trace_id = Empty,
-        );
-        let mut finish = Finish { span, name, request_bytes: payload.len(), started, reported: false };
-        let mut ended = None;
-        let result = 'call: {
-            let metadata = match metadata_with_trace(opts, &finish.span) {
-                Ok(m) => m,
-                Err(e) => break 'call Err(e),
-            };
-            let conn = self.conn();
-            if conn.commands.is_closed() {
-                break 'call Err(self.not_connected());
-            }
-            let timeout = opts.deadline.or(self.shared.default_deadline);
-            // The time left, and when it was measured (the clock is read only for a deadline).
-            let remaining = || match timeout {
-                Some(t) => {
-                    let now = tokio::time::Instant::now();
-                    (Some(t.saturating_sub(now.saturating_duration_since(started))), now)
-                }
-                None => (None, started),
-            };
-            let closed = || CallError::Disconnected("client closed".into());
-            let before = remaining();
-            // The time left is read again only after waiting for a permit.
-            let (_permit, (remaining, at)) = match (before.0, conn.in_flight.try_acquire()) {
-                (Some(Duration::ZERO), _) => break 'call Err(CallError::DeadlineExceeded),
-                // A permit free now: no future to build (no timer either).
-                (_, Ok(p)) => (p, before),
-                (_, Err(TryAcquireError::Closed)) => break 'call Err(closed()),
-                // Every permit taken: wait, in a box (this rare path's timer and waiter would
-                // otherwise make every call's future a few hundred bytes larger).
-                (Some(t), Err(TryAcquireError::NoPermits)) => {
-                    match Box::pin(tokio::time::timeout(t, conn.in_flight.acquire())).await {
-                        Ok(Ok(p)) => (p, remaining()),
-                        Ok(Err(_)) => break 'call Err(closed()),
-                        Err(_) => break 'call Err(CallError::DeadlineExceeded),
-                    }
-                }
-                (None, Err(TryAcquireError::NoPermits)) => match Box::pin(conn.in_flight.acquire()).await {
-                    Ok(p) => (p, (None, started)),
-                    Err(_) => break 'call Err(closed()),
-                },
-            };
-            if remaining == Some(Duration::ZERO) {
-                break 'call Err(CallError::DeadlineExceeded);
-            }
-            let Some(call_id) = conn.slots.open() else { break 'call Err(self.not_connected()) };
-            finish.span.record("call_id", call_id);
-            let command = Command::Call { call_id, method, payload, metadata, timeout: remaining, at };
-            // Alone on the connection, the call is started here and this task drives it.
-            let driving = match conn.start_here(command) {
-                Ok(()) => true,
-                Err(command) => {
-                    if conn.commands.send(command).is_err() {
-                        conn.slots.abandon(call_id);
-                        break 'call Err(self.not_connected());
-                    }
-                    false
-                }
-            };
-            let guard = CancelOnDrop { call_id, conn: &conn, armed: true, driving };
-            let (result, at) = std::future::poll_fn(|cx| conn.poll_call(call_id, driving, cx)).await;
-            guard.disarm();
-            ended = Some(at);
-            result
-        };
-        // A call that ended before it was sent reads the clock; one the driver answered takes
-        // its reading.
-        finish.report(&result, ended.unwrap_or_else(tokio::time::Instant::now));
-        result
-    }
-
     /// The error of a call that found the connection closed (and was not sent).
     fn not_connected(&self) -> CallError {
         if self.shared.reconnecting {
@@ -561,62 +472,6 @@ async fn reconnect(
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = backoff.saturating_mul(2).min(policy.max_backoff.max(policy.initial_backoff));
-        }
-    }
-}
-
-/// Gives back the slot of a call whose future is dropped before it took its result, and sends a
-/// cancel if the call was still in progress. Queueing a command never blocks (beyond a short lock) and
-/// spawns nothing.
-struct CancelOnDrop<'a> {
-    call_id: u64,
-    conn: &'a Conn,
-    armed: bool,
-    /// The call's task drives the connection: it stops when the call ends.
-    driving: bool,
-}
-
-impl CancelOnDrop<'_> {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for CancelOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed && self.conn.slots.abandon(self.call_id) {
-            let _ = self.conn.commands.send(Command::Cancel { call_id: self.call_id });
-        }
-        if self.driving {
-            // Wake-ups go to the driver task again (with one this task did not handle).
-            self.conn.route.caller_done(self.call_id);
-        }
-    }
-}
-
-/// Reports a call's end once: by [`Finish::report`], or as cancelled when its future is dropped
-/// first.
-struct Finish {
-    span: tracing::Span,
-    name: MethodName,
-    request_bytes: usize,
-    started: tokio::time::Instant,
-    reported: bool,
-}
-
-impl Finish {
-    /// Reports the call's end at `ended`.
-    fn report(&mut self, result: &CallResult, ended: tokio::time::Instant) {
-        self.reported = true;
-        let elapsed = ended.saturating_duration_since(self.started);
-        observe::client_call_done(&self.span, self.name, self.request_bytes, elapsed, result);
-    }
-}
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        if !self.reported {
-            observe::client_call_dropped(&self.span, self.name, self.request_bytes, self.started.elapsed());
         }
     }
 }
