@@ -178,8 +178,13 @@ over_all_transports! {
                 }
             }
         });
+        // The calls beside them carry a deadline of their own, longer than the client's default
+        // (30 s): under the VM's emulation, four 16 MiB responses and the abandoned ones, with
+        // another test running beside this one, once took longer than that (a clean-clone CI
+        // run, rxe0). A stalled call still fails, with `DeadlineExceeded`, well inside the
+        // suite's step timeout.
         let others = (0..12u8).map(|i| {
-            let c = s.client.clone();
+            let c = s.client.clone().with_options(CallOptions::new().deadline(Duration::from_secs(120)));
             async move {
                 let len = if i % 3 == 0 { BIG } else { 64 << 10 };
                 let got = c.fill(len, i).await.expect("a call beside the abandoned ones");
