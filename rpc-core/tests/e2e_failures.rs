@@ -70,7 +70,6 @@ fn frame(mut h: Header) -> Bytes {
     Bytes::copy_from_slice(&out)
 }
 
-/// Waits for the next completion of a raw connection.
 /// Whether `conn` fails (the peer closed it) within [`common::LIMIT`], completions before that
 /// taken and dropped.
 async fn closed_by_peer(conn: &mut dyn Connection) -> bool {
@@ -78,6 +77,7 @@ async fn closed_by_peer(conn: &mut dyn Connection) -> bool {
     tokio::time::timeout(common::LIMIT, failed).await.is_ok()
 }
 
+/// Waits for the next completion of a raw connection.
 async fn next_completion(conn: &mut dyn Connection) -> Result<Completion, transport::TransportError> {
     let mut out = Vec::new();
     futures::future::poll_fn(|cx| conn.poll_completions(cx, &mut out, 1)).await?;
