@@ -6,7 +6,8 @@
 //! Used where a message is small enough that copying it costs less than giving it a buffer of
 //! its own: frames of at most [`SMALL`] bytes are assembled here (the transport copies them
 //! anyway: inline, or into its send buffers), received ones are copied here so that their
-//! receive buffer is re-posted as it is, and small payloads are encoded here.
+//! receive buffer is re-posted as it is, small payloads are encoded here, and small `Bytes`
+//! values are decoded here (`codec::SharedBytes`).
 //!
 //! Memory: [`BLOCK`] bytes per arena, plus blocks still held by slices (a slice kept alive keeps
 //! its whole block: at most [`BLOCK`] bytes per slice, less than the receive buffer a received
@@ -78,6 +79,14 @@ pub(crate) fn write_local<E>(len: usize, fill: impl FnOnce(&mut [u8]) -> Result<
             fill(&mut buf)?;
             Ok(Bytes::from(buf))
         }
+    })
+}
+
+/// [`Arena::copy`] of one byte string on this thread's arena.
+pub(crate) fn copy_local(bytes: &[u8]) -> Bytes {
+    LOCAL.with(|a| match a.try_borrow_mut() {
+        Ok(mut arena) => arena.copy(&[bytes]),
+        Err(_) => Bytes::copy_from_slice(bytes),
     })
 }
 

@@ -232,17 +232,19 @@ std::thread_local! {
     static SLICES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Decodes a value from a received payload; every [`SharedBytes`] in it is a slice of `bytes`
-/// (no copy: on `rdma` it stays in the registered memory the message or READ landed in, which
-/// returns to the connection's pool when the last slice drops). Generated stubs decode `Bytes`
-/// arguments and results this way.
+/// Decodes a value from a received payload; every [`SharedBytes`] in it of more than 1 KiB is a
+/// slice of `bytes` (no copy: on `rdma` it stays in the registered memory the message or READ
+/// landed in, which returns to the connection's pool when the last slice drops), and a smaller
+/// one a copy (see [`SharedBytes`]). Generated stubs decode `Bytes` arguments and results this
+/// way.
 pub fn decode_shared<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, CodecError> {
     decode_sharing(Received::from(bytes.clone())).0.map(|(value, _)| value)
 }
 
 /// [`decode_shared`] of a received message as it lies in its receive buffer: the buffer is
-/// frozen into `Bytes` (an allocation) only if the value keeps a slice of it. Dropping the
-/// returned message (when the value keeps nothing of it) returns the buffer to its pool.
+/// frozen into `Bytes` (an allocation) only if the value keeps a slice of it (a `SharedBytes` of
+/// more than 1 KiB). Dropping the returned message (when the value keeps nothing of it) returns
+/// the buffer to its pool.
 pub fn decode_received<T: DeserializeOwned>(payload: Received) -> Result<T, CodecError> {
     decode_sharing(payload).0.map(|(value, _)| value)
 }
@@ -257,8 +259,25 @@ pub(crate) fn decode_sharing<T: DeserializeOwned>(
     (result.map(|value| (value, SLICES.get() != before)), payload)
 }
 
+/// A received message as [`Bytes`], by the rule [`SharedBytes`] follows: at most 1 KiB, copied
+/// into this thread's arena (its buffer goes back to the pool at once); larger, frozen where it
+/// lies (no copy).
+pub(crate) fn received_bytes(payload: Received) -> Bytes {
+    if payload.len() <= arena::SMALL && !payload.is_bytes() {
+        return arena::copy_local(&payload);
+    }
+    payload.into_bytes()
+}
+
 /// [`Bytes`] that decode without a copy inside [`decode_shared`] (elsewhere they copy). The
 /// same bytes on the wire as `Bytes`: a field or argument can switch between the two freely.
+///
+/// Only a value of more than 1 KiB is a slice of the received message. A
+/// smaller one is copied into a block this thread carves small byte strings from (a reference
+/// count, no allocation of its own): copying at most 1 KiB costs less than freezing the receive
+/// buffer into `Bytes` (an allocation, and a free when the last slice drops), and the receive
+/// buffer, registered memory on `rdma`, goes back to the pool at once instead of staying held by
+/// a few bytes the application keeps. A kept copy holds its block (16 KiB of heap) instead.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct SharedBytes(pub Bytes);
 
@@ -294,8 +313,12 @@ impl<'de> serde::Deserialize<'de> for SharedBytes {
     }
 }
 
-/// `v` as a slice of the payload being decoded, if it lies inside it; else a copy.
+/// `v` as a slice of the payload being decoded, if it lies inside it and is larger than
+/// [`arena::SMALL`]; else a copy (into this thread's arena when it is that small).
 fn share(v: &[u8]) -> Bytes {
+    if v.len() <= arena::SMALL {
+        return arena::copy_local(v);
+    }
     match Received::share(v) {
         Some(slice) => {
             SLICES.set(SLICES.get().wrapping_add(1));
@@ -323,7 +346,7 @@ mod tests {
 
     #[test]
     fn shared_bytes_slice_the_payload_and_encode_like_bytes() {
-        let value = (7u32, Bytes::from(vec![5u8; 1000]), String::from("x"));
+        let value = (7u32, Bytes::from(vec![5u8; arena::SMALL + 1]), String::from("x"));
         let payload = encode(&value).unwrap();
         let (n, shared, s): (u32, SharedBytes, String) = decode_shared(&payload).unwrap();
         assert_eq!((n, &shared.0, s.as_str()), (7, &value.1, "x"));
@@ -336,6 +359,20 @@ mod tests {
         // Same wire format both ways.
         assert_eq!(encode(&(7u32, SharedBytes(value.1.clone()), "x")).unwrap(), payload);
         assert!(decode_shared::<(u32, SharedBytes)>(&Bytes::from_static(&[1, 200])).is_err());
+    }
+
+    #[test]
+    fn shared_bytes_of_at_most_1_kib_are_copied_into_the_arena() {
+        for len in [1, 32, arena::SMALL] {
+            let value = (7u32, Bytes::from(vec![3u8; len]));
+            let payload = encode(&value).unwrap();
+            let (n, small): (u32, SharedBytes) = decode_shared(&payload).unwrap();
+            assert_eq!((n, &small.0), (7, &value.1));
+            assert!(!within(&payload, &small.0), "{len} bytes: a copy, not a slice");
+            // Two copies in a row come from the same block (no allocation of their own).
+            let (_, next): (u32, SharedBytes) = decode_shared(&payload).unwrap();
+            assert_eq!(next.0.as_ptr() as usize, small.0.as_ptr() as usize + len, "{len} bytes");
+        }
     }
 
     #[test]
@@ -366,12 +403,27 @@ mod tests {
         let (value, back) = decode_sharing::<(u64, Vec<u8>)>(in_pool(&(7, Bytes::from_static(b"abc"))));
         assert_eq!(value.unwrap(), ((7, b"abc".to_vec()), false));
         assert!(!back.is_bytes());
-        // A `SharedBytes` kept: the buffer is frozen where it lies and sliced.
-        let (value, back) = decode_sharing::<(u64, SharedBytes)>(in_pool(&(7, Bytes::from_static(b"abc"))));
+        // A `SharedBytes` of more than 1 KiB kept: the buffer is frozen where it lies and sliced.
+        let large = Bytes::from(vec![4u8; arena::SMALL + 1]);
+        let (value, back) = decode_sharing::<(u64, SharedBytes)>(in_pool(&(7, large.clone())));
         let ((n, shared), sliced) = value.unwrap();
         assert!(sliced && back.is_bytes());
-        assert_eq!((n, &shared.0[..]), (7, &b"abc"[..]));
+        assert_eq!((n, &shared.0), (7, &large));
         assert!(pool.contains(&shared.0) && within(&back, &shared.0), "a slice of the buffer");
+        // A smaller one is copied: the buffer is not frozen (dropping `back` returns it).
+        let (value, back) = decode_sharing::<(u64, SharedBytes)>(in_pool(&(7, Bytes::from_static(b"abc"))));
+        let ((n, small), sliced) = value.unwrap();
+        assert!(!sliced && !back.is_bytes());
+        assert_eq!((n, &small.0[..]), (7, &b"abc"[..]));
+        assert!(!pool.contains(&small.0), "a copy, outside the pool");
+        // `received_bytes` follows the same rule.
+        let buf = in_pool(&(7, Bytes::from_static(b"abc")));
+        let copied = received_bytes(buf);
+        assert!(!pool.contains(&copied));
+        let framed = in_pool(&(7, large.clone()));
+        let at = framed.as_ptr();
+        let kept = received_bytes(framed);
+        assert!(pool.contains(&kept) && kept.as_ptr() == at, "frozen where it lies");
         assert_eq!(decode_received::<u64>(Received::from(encode(&5u64).unwrap())), Ok(5));
     }
 

@@ -174,8 +174,8 @@ where
     Fut: Future<Output = Resp> + Send + 'static,
     P: Place,
 {
-    // `Bytes` arguments (decoded as `SharedBytes` by the generated code) are slices of the
-    // payload: no copy. Arguments without any leave the receive buffer unfrozen.
+    // `Bytes` arguments (decoded as `SharedBytes` by the generated code) of more than 1 KiB are
+    // slices of the payload: no copy. Arguments without any leave the receive buffer unfrozen.
     let (decoded, payload) = crate::codec::decode_sharing::<Args>(payload);
     let (args, sliced) = match decoded {
         Ok(a) => a,

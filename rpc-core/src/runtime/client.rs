@@ -303,6 +303,11 @@ impl Client {
 
     /// Calls `method` with an encoded payload; returns the encoded response. Generated stubs
     /// call this; use it directly for dynamic calls.
+    ///
+    /// A response of more than 1 KiB is handed on where it landed (its receive buffer or READ
+    /// destination, held until the `Bytes` drops); a smaller one is copied into a small block
+    /// shared by such copies, and its buffer goes back to the pool at once (as with
+    /// [`SharedBytes`](crate::codec::SharedBytes)).
     pub async fn call(
         &self,
         method: MethodId,
@@ -323,7 +328,7 @@ impl Client {
         let name = MethodName::Id(method);
         self.call_since(tokio::time::Instant::now(), method, name, Payload::Bytes(payload), opts)
             .await
-            .map(|(response, info)| (response.into_bytes(), info))
+            .map(|(response, info)| (crate::codec::received_bytes(response), info))
     }
 
     /// The error of a call that found the connection closed (and was not sent).

@@ -122,7 +122,7 @@ fn collect_idents(tokens: TokenStream, into: &mut Vec<String>) {
 
 /// Whether `ty` is written as `bytes::Bytes` (`Bytes`, `bytes::Bytes`, `::bytes::Bytes`, or the
 /// crate's re-export): such arguments and results are decoded as `SharedBytes`, a slice of the
-/// received payload (no copy), and converted back. Same wire format.
+/// received payload (no copy) when larger than 1 KiB, and converted back. Same wire format.
 pub(crate) fn is_bytes(ty: &syn::Type) -> bool {
     let syn::Type::Path(p) = ty else { return false };
     if p.qself.is_some() {
