@@ -283,6 +283,11 @@ pub struct ConnInfo {
     /// that has what it was waiting for may then leave that confirming poll to later, off the
     /// call's path.
     pub idle_poll_is_costly: bool,
+    /// SENDs of at most this many bytes are copied as they are posted (verbs: inline, the
+    /// device's `max_inline_data`; `tcp`: into the socket or the writer's queue; `mem`: into the
+    /// peer's receive), so they may come from any memory: registered memory buys them nothing.
+    /// Larger ones go out best from the connection's pool ([`Connection::pool`]).
+    pub copied_sends: u32,
 }
 
 impl ConnInfo {

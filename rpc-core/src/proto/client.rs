@@ -185,6 +185,14 @@ impl ClientProto {
         self
     }
 
+    /// Frames of at most `len` bytes are copied by the transport as they are posted
+    /// (`ConnInfo::copied_sends`): they are assembled in a small shared block rather than a
+    /// pool buffer of their own.
+    pub fn with_copied_sends(mut self, len: u32) -> Self {
+        self.link.copied_frames = len as usize;
+        self
+    }
+
     /// Starts call `call_id` (chosen by the caller, non-zero, unique on this connection).
     /// `timeout` travels as a relative duration; the call fails locally when it passes.
     pub fn start_call(

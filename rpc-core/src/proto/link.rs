@@ -163,9 +163,13 @@ pub(crate) struct Link {
     pub rdv: Rendezvous,
     /// Where frames with a body are assembled (the connection's registered memory), if given.
     pub pool: Option<MemPool>,
-    /// Where header-only frames (and any frame when there is no pool) are assembled, and received
-    /// frames copied by [`Link::copy_received`], when they are small.
+    /// Where header-only frames, frames the transport copies anyway (up to `copied_frames`) and
+    /// any frame when there is no pool are assembled, and received frames copied by
+    /// [`Link::copy_received`], when they are small.
     pub arena: Arena,
+    /// Frames of at most this many bytes are copied by the transport as they are posted
+    /// (`ConnInfo::copied_sends`): assembled in the arena, not the pool. 0 until told.
+    pub copied_frames: usize,
     pub stats: ProtoStats,
 }
 
@@ -204,6 +208,7 @@ impl Link {
             stats: ProtoStats::default(),
             pool: None,
             arena: Arena::default(),
+            copied_frames: 0,
         }
     }
 
@@ -469,12 +474,14 @@ impl Link {
 
     fn send(&mut self, header: Header, body: &[u8]) {
         let h = self.seal(header, body.len());
-        let frame = match self
-            .pool
-            .as_ref()
-            .filter(|_| !body.is_empty())
-            .and_then(|p| p.alloc(HEADER_LEN + body.len()).ok())
-        {
+        let len = HEADER_LEN + body.len();
+        // A frame the transport copies anyway (inline on verbs, into the socket on tcp) gains
+        // nothing from registered memory: a slice of the arena costs no pool buffer.
+        if len <= self.copied_frames.min(arena::SMALL) {
+            let frame = self.arena.copy(&[&h, body]).into();
+            return self.push_send(frame);
+        }
+        let frame = match self.pool.as_ref().filter(|_| !body.is_empty()).and_then(|p| p.alloc(len).ok()) {
             Some(mut buf) => {
                 buf[..HEADER_LEN].copy_from_slice(&h);
                 buf[HEADER_LEN..].copy_from_slice(body);

@@ -125,6 +125,14 @@ impl ServerProto {
         self
     }
 
+    /// Frames of at most `len` bytes are copied by the transport as they are posted
+    /// (`ConnInfo::copied_sends`): they are assembled in a small shared block rather than a
+    /// pool buffer of their own.
+    pub fn with_copied_sends(mut self, len: u32) -> Self {
+        self.link.copied_frames = len as usize;
+        self
+    }
+
     /// Counts this connection's rendezvous bytes against `budget` too (shared by every
     /// connection of a server).
     pub fn with_shared_budget(mut self, budget: Arc<SharedBudget>) -> Self {

@@ -404,7 +404,9 @@ async fn open(
     let span = tracing::info_span!("conn", role = "client", peer = %info.peer, backend = info.backend);
     let (commands, rx) = commands::queue();
     let slots = Arc::new(CallSlots::default());
-    let proto = ClientProto::new(&config.proto, &peer, driver::now()).with_pool(pool.clone());
+    let proto = ClientProto::new(&config.proto, &peer, driver::now())
+        .with_pool(pool.clone())
+        .with_copied_sends(info.copied_sends);
     let eager_limit = proto.eager_limit();
     let route = Arc::new(Route::default());
     let driver = ClientDriver {

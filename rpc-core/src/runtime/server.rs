@@ -265,6 +265,7 @@ impl Acceptor {
         let (results_tx, results) = mpsc::unbounded_channel();
         let proto = ServerProto::new(&self.config.proto, &peer, driver::now())
             .with_pool(conn.pool().clone())
+            .with_copied_sends(info.copied_sends)
             .with_shared_budget(self.resources.budget.clone())
             .with_default_deadline(self.config.default_deadline);
         let driver = ServerDriver {

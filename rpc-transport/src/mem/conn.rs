@@ -45,6 +45,8 @@ pub(crate) fn pair(
         peer,
         backend: "mem",
         idle_poll_is_costly: false,
+        // Every SEND is copied into the peer's posted receive.
+        copied_sends: u32::MAX,
     };
     let client_conn = MemConnection {
         local: client_end.clone(),

@@ -203,6 +203,7 @@ fn build_connection(
             peer: format!("{peer} via {}", facts.name),
             backend: "rdma",
             idle_poll_is_costly: true,
+            copied_sends: max_inline,
         },
         limits: Limits { sq_depth, max_inline, max_chunk, max_reads: 1, poll_budget: cfg.poll_budget.max(1) },
         ops: Slab::default(),

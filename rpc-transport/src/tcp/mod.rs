@@ -212,6 +212,8 @@ impl TcpConnection {
             peer: peer.to_string(),
             backend: "tcp",
             idle_poll_is_costly: false,
+            // Every SEND is written into the socket (or queued for the writer, which does so).
+            copied_sends: u32::MAX,
         };
         TcpConnection { soft, push, out, direct_unpolled: false, batch: Vec::new(), info }
     }
