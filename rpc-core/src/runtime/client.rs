@@ -73,7 +73,13 @@ impl Conn {
     /// Starts call command `cmd` in the calling task when the connection has no other call in
     /// flight and no other task holds its state; gives `cmd` back otherwise (it then goes
     /// through the queue). The caller then drives the connection until its call ends.
-    fn start_here(&self, cmd: Command) -> Result<(), Command> {
+    ///
+    /// Returns whether the connection is armed for the call: the last pass ended in a round that
+    /// found nothing to do (the transport, the timer and the command queue hold the route's
+    /// waker), and starting the call changed nothing a pass would have to arm again (the timer
+    /// is armed here for the call's deadline, as a pass would). The caller's first poll then
+    /// needs no pass unless a wake-up came meanwhile ([`Route::caller_arm`]).
+    fn start_here(&self, cmd: Command) -> Result<bool, Command> {
         // Another call holds a permit: it is in flight (a look at the semaphore, not the lock).
         if self.in_flight.available_permits() + 1 < self.max_in_flight {
             return Err(cmd);
@@ -83,14 +89,16 @@ impl Conn {
         if state.finished || state.closing || state.proto.calls_in_flight() > 0 {
             return Err(cmd);
         }
+        let was_armed = std::mem::take(&mut state.idle_armed);
         state.run_command(cmd);
         // The request is posted now, before this task's first pass over the connection.
-        if state.post_ready().is_ready() {
+        let armed = state.post_ready().is_pending() && was_armed && state.arm_timer(&engine.waker);
+        if state.finished {
             drop(state);
             // The connection failed: the driver task ends at its next poll.
             self.route.wake_task();
         }
-        Ok(())
+        Ok(armed)
     }
 
     /// One pass over the connection (the driver's work) by the caller of call `call_id`, which
@@ -122,14 +130,17 @@ impl Conn {
         self.route.released();
     }
 
-    /// The caller's poll of call `call_id`: a pass over the connection first when it drives.
+    /// The caller's poll of call `call_id`: a pass over the connection first when it drives,
+    /// unless the call's start left the connection `armed` ([`Conn::start_here`]) and no
+    /// wake-up came since (the first poll only).
     fn poll_call(
         &self,
         call_id: u64,
         driving: bool,
+        armed: bool,
         cx: &mut Context<'_>,
     ) -> Poll<(CallResult, tokio::time::Instant)> {
-        if driving {
+        if driving && !(armed && self.route.caller_arm(call_id, cx.waker())) {
             self.drive(call_id, cx);
         }
         self.slots.poll_result(call_id, cx)
@@ -421,6 +432,7 @@ async fn open(
         finished: false,
         quiet: None,
         cut_short: false,
+        idle_armed: false,
         may_cut_short: info.idle_poll_is_costly,
         route: route.clone(),
         caller_passes: 0,
@@ -501,6 +513,10 @@ struct ClientDriver {
     /// The call whose caller runs this pass: its result is delivered without waking it (it
     /// looks at its slot after the pass).
     quiet: Option<u64>,
+    /// The last pass ended in a round that found nothing to do: the transport, the timer and
+    /// the command queue hold the route's waker, and nothing ran on this state since (cleared
+    /// when a pass begins and by [`Conn::start_here`], which takes it).
+    idle_armed: bool,
     /// The pass stopped once the result of the `quiet` call was delivered (its caller is
     /// waiting for nothing else), without the rounds that would confirm there is nothing more.
     cut_short: bool,
@@ -640,6 +656,7 @@ impl ClientDriver {
             return Poll::Ready(());
         }
         self.scratch.clock.reset();
+        self.idle_armed = false;
         let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
             match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
@@ -655,7 +672,10 @@ impl ClientDriver {
                 // The caller running this pass has its result: it need not wait for the rest.
                 Ok(true) if self.cut_short => return Poll::Pending,
                 Ok(true) => continue,
-                Ok(false) => return Poll::Pending,
+                Ok(false) => {
+                    self.idle_armed = true;
+                    return Poll::Pending;
+                }
             }
         }
         // Work remains: yield to other tasks, then come back.
@@ -677,6 +697,21 @@ impl ClientDriver {
         match posted {
             Ok(()) => Poll::Pending,
             Err(fatal) => self.end(fatal),
+        }
+    }
+
+    /// Arms the timer for the state machine's next timeout (a call just started), polled with
+    /// the route's `waker` as a pass polls it. Returns whether that was all: `false` when a
+    /// timeout was already due (its events wait for a pass) or fatal (the driver has ended).
+    fn arm_timer(&mut self, waker: &Waker) -> bool {
+        self.scratch.clock.reset();
+        let cx = &mut Context::from_waker(waker);
+        match driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock) {
+            Ok(fired) => !fired,
+            Err(fatal) => {
+                let _ = self.end(fatal);
+                false
+            }
         }
     }
 

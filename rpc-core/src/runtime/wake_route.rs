@@ -90,6 +90,22 @@ impl Route {
         inner.pending = false;
     }
 
+    /// The first poll of call `call_id`, whose start left the connection armed (every source
+    /// holds this route's waker; see `Conn::start_here`): if no wake-up came since the last
+    /// pass began, wake-ups go to `caller` from now on and no pass is needed (`true`).
+    /// Otherwise nothing changes, and the caller runs a pass ([`Route::caller_pass`]).
+    pub(crate) fn caller_arm(&self, call_id: u64, caller: &Waker) -> bool {
+        let mut inner = self.lock();
+        if inner.pending {
+            return false;
+        }
+        match &inner.caller {
+            Some((id, w)) if *id == call_id && w.will_wake(caller) => {}
+            _ => inner.caller = Some((call_id, caller.clone())),
+        }
+        true
+    }
+
     /// Call `call_id`'s caller stops driving (its call ended, or its future was dropped): a
     /// wake-up that came since its last pass began goes on to the driver task.
     pub(crate) fn caller_done(&self, call_id: u64) {
@@ -243,6 +259,31 @@ mod tests {
         assert!(route.task_pass(&task_waker), "nobody drives: the task runs its pass");
         route.caller_done(9);
         assert_eq!(task.count(), 1, "handed on once");
+    }
+
+    #[test]
+    fn a_caller_takes_an_armed_connection_only_if_no_wake_up_came() {
+        let route = Arc::new(Route::default());
+        let (task, task_waker) = CountWakes::waker();
+        let (caller, caller_waker) = CountWakes::waker();
+        route.task_pass(&task_waker);
+        // Nothing came since the task's pass: the caller takes the role without a pass.
+        assert!(route.caller_arm(1, &caller_waker));
+        assert_eq!(route.driven_by(), Some(1));
+        route.waker().wake_by_ref();
+        assert_eq!((task.count(), caller.count()), (0, 1), "wake-ups go to the caller");
+        route.caller_pass(1, &caller_waker);
+        route.caller_done(1);
+        // A wake-up came (it went to the task, nobody driving): the next caller must run a pass,
+        // which takes the role and the wake-up with it.
+        route.waker().wake_by_ref();
+        assert_eq!(task.count(), 1);
+        assert!(!route.caller_arm(2, &caller_waker), "a wake-up is pending");
+        assert_eq!(route.driven_by(), None, "the role is taken by the pass, not here");
+        route.caller_pass(2, &caller_waker);
+        assert_eq!(route.driven_by(), Some(2));
+        route.caller_done(2);
+        assert_eq!(task.count(), 1, "the pass took the pending wake-up: nothing to hand on");
     }
 
     #[test]

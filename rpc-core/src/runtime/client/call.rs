@@ -51,13 +51,17 @@ struct Running<'a> {
     call_id: u64,
     /// The call's task drives the connection: it stops when the call ends.
     driving: bool,
+    /// Its start left the connection armed ([`Conn::start_here`]): the first poll needs no
+    /// pass unless a wake-up came since.
+    start_armed: bool,
     /// Not answered yet.
     armed: bool,
 }
 
 impl Running<'_> {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(CallResult, tokio::time::Instant)> {
-        let answer = ready!(self.permit.0.poll_call(self.call_id, self.driving, cx));
+        let start_armed = std::mem::take(&mut self.start_armed);
+        let answer = ready!(self.permit.0.poll_call(self.call_id, self.driving, start_armed, cx));
         self.armed = false;
         Poll::Ready(answer)
     }
@@ -254,16 +258,16 @@ impl Client {
         span.record("call_id", call_id);
         let command = Command::Call { call_id, method, payload, metadata, timeout, at };
         // Alone on the connection, the call is started here and this task drives it.
-        let driving = match conn.start_here(command) {
-            Ok(()) => true,
+        let (driving, start_armed) = match conn.start_here(command) {
+            Ok(armed) => (true, armed),
             Err(command) => {
                 if conn.commands.send(command).is_err() {
                     conn.slots.abandon(call_id);
                     return Err(self.not_connected());
                 }
-                false
+                (false, false)
             }
         };
-        Ok(Running { permit, call_id, driving, armed: true })
+        Ok(Running { permit, call_id, driving, start_armed, armed: true })
     }
 }
