@@ -35,6 +35,16 @@ struct Inner {
     task_polls: u64,
 }
 
+impl Inner {
+    /// Wake-ups go to `caller`, the task of call `call_id` (its waker cloned only if it changed).
+    fn set_caller(&mut self, call_id: u64, caller: &Waker) {
+        match &self.caller {
+            Some((id, w)) if *id == call_id && w.will_wake(caller) => {}
+            _ => self.caller = Some((call_id, caller.clone())),
+        }
+    }
+}
+
 /// The wake-up route of one client connection.
 #[derive(Default)]
 pub(crate) struct Route {
@@ -83,10 +93,7 @@ impl Route {
     /// [`Route::caller_done`].
     pub(crate) fn caller_pass(&self, call_id: u64, caller: &Waker) {
         let mut inner = self.lock();
-        match &inner.caller {
-            Some((id, w)) if *id == call_id && w.will_wake(caller) => {}
-            _ => inner.caller = Some((call_id, caller.clone())),
-        }
+        inner.set_caller(call_id, caller);
         inner.pending = false;
     }
 
@@ -99,10 +106,7 @@ impl Route {
         if inner.pending {
             return false;
         }
-        match &inner.caller {
-            Some((id, w)) if *id == call_id && w.will_wake(caller) => {}
-            _ => inner.caller = Some((call_id, caller.clone())),
-        }
+        inner.set_caller(call_id, caller);
         true
     }
 
