@@ -234,9 +234,9 @@ std::thread_local! {
 
 /// Decodes a value from a received payload; every [`SharedBytes`] in it of more than 1 KiB is a
 /// slice of `bytes` (no copy: on `rdma` it stays in the registered memory the message or READ
-/// landed in, which returns to the connection's pool when the last slice drops), and a smaller
-/// one a copy (see [`SharedBytes`]). Generated stubs decode `Bytes` arguments and results this
-/// way.
+/// landed in, which returns to the connection's pool when the last slice drops), and so is a
+/// smaller one when `bytes` is at most 1 KiB; otherwise a small one is a copy (see
+/// [`SharedBytes`]). Generated stubs decode `Bytes` arguments and results this way.
 pub fn decode_shared<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, CodecError> {
     decode_sharing(Received::from(bytes.clone())).0.map(|(value, _)| value)
 }
@@ -259,9 +259,9 @@ pub(crate) fn decode_sharing<T: DeserializeOwned>(
     (result.map(|value| (value, SLICES.get() != before)), payload)
 }
 
-/// A received message as [`Bytes`], by the rule [`SharedBytes`] follows: at most 1 KiB, copied
-/// into this thread's arena (its buffer goes back to the pool at once); larger, frozen where it
-/// lies (no copy).
+/// A received message as [`Bytes`], by the rule [`SharedBytes`] follows: at most 1 KiB, a copy
+/// (the one the driver made as the message arrived, or else one in this thread's arena: its
+/// buffer goes back to the pool at once); larger, frozen where it lies (no copy).
 pub(crate) fn received_bytes(payload: Received) -> Bytes {
     if payload.len() <= arena::SMALL && !payload.is_bytes() {
         return arena::copy_local(&payload);
@@ -272,12 +272,15 @@ pub(crate) fn received_bytes(payload: Received) -> Bytes {
 /// [`Bytes`] that decode without a copy inside [`decode_shared`] (elsewhere they copy). The
 /// same bytes on the wire as `Bytes`: a field or argument can switch between the two freely.
 ///
-/// Only a value of more than 1 KiB is a slice of the received message. A
-/// smaller one is copied into a block this thread carves small byte strings from (a reference
-/// count, no allocation of its own): copying at most 1 KiB costs less than freezing the receive
-/// buffer into `Bytes` (an allocation, and a free when the last slice drops), and the receive
-/// buffer, registered memory on `rdma`, goes back to the pool at once instead of staying held by
-/// a few bytes the application keeps. A kept copy holds its block (16 KiB of heap) instead.
+/// A value of more than 1 KiB is a slice of the received message where it landed. A message of
+/// at most 1 KiB never stays in its receive buffer: the connection's driver copies it out as it
+/// arrives (into a block the connection carves small byte strings from: a reference count, no
+/// allocation of its own) and posts the receive buffer again at once, and the values in it are
+/// slices of that copy. A smaller value in a larger message is copied into such a block of this
+/// thread. Copying at most 1 KiB costs less than freezing the receive buffer into `Bytes` (an
+/// allocation, and a free when the last slice drops), and the receive buffer, registered memory
+/// on `rdma`, is not held by a few bytes the application keeps. A kept copy holds its block (16
+/// KiB of heap) instead.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct SharedBytes(pub Bytes);
 
@@ -317,6 +320,12 @@ impl<'de> serde::Deserialize<'de> for SharedBytes {
 /// [`arena::SMALL`]; else a copy (into this thread's arena when it is that small).
 fn share(v: &[u8]) -> Bytes {
     if v.len() <= arena::SMALL {
+        // A message this small was copied out of its receive buffer as it arrived: a slice of
+        // that copy keeps no receive buffer.
+        if let Some(slice) = Received::share_if_small_bytes(v, arena::SMALL) {
+            SLICES.set(SLICES.get().wrapping_add(1));
+            return slice;
+        }
         return arena::copy_local(v);
     }
     match Received::share(v) {
@@ -362,17 +371,41 @@ mod tests {
     }
 
     #[test]
-    fn shared_bytes_of_at_most_1_kib_are_copied_into_the_arena() {
+    fn shared_bytes_of_at_most_1_kib_are_copied_into_the_arena_out_of_a_larger_message() {
+        // The message is larger than 1 KiB (it may be a receive buffer): a small value is copied.
+        let padding = vec![0u8; arena::SMALL];
         for len in [1, 32, arena::SMALL] {
-            let value = (7u32, Bytes::from(vec![3u8; len]));
+            let value = (7u32, Bytes::from(vec![3u8; len]), &padding);
             let payload = encode(&value).unwrap();
-            let (n, small): (u32, SharedBytes) = decode_shared(&payload).unwrap();
+            let (n, small, _): (u32, SharedBytes, Vec<u8>) = decode_shared(&payload).unwrap();
             assert_eq!((n, &small.0), (7, &value.1));
             assert!(!within(&payload, &small.0), "{len} bytes: a copy, not a slice");
             // Two copies in a row come from the same block (no allocation of their own).
-            let (_, next): (u32, SharedBytes) = decode_shared(&payload).unwrap();
+            let (_, next, _): (u32, SharedBytes, Vec<u8>) = decode_shared(&payload).unwrap();
             assert_eq!(next.0.as_ptr() as usize, small.0.as_ptr() as usize + len, "{len} bytes");
         }
+    }
+
+    #[test]
+    fn shared_bytes_in_a_message_of_at_most_1_kib_are_slices_of_it() {
+        // A message that small was copied out of its receive buffer as it arrived (or is the
+        // caller's own `Bytes`): a slice of it holds no receive buffer.
+        for len in [1, 32, arena::SMALL - 8] {
+            let value = (7u32, Bytes::from(vec![3u8; len]));
+            let payload = encode(&value).unwrap();
+            assert!(payload.len() <= arena::SMALL);
+            let (n, small): (u32, SharedBytes) = decode_shared(&payload).unwrap();
+            assert_eq!((n, &small.0), (7, &value.1));
+            assert!(within(&payload, &small.0), "{len} bytes: a slice, not a copy");
+        }
+        // A received message still in its (pool) buffer is not frozen for a small value: copied.
+        let pool = MemPool::heap(rpc_transport::PoolLimits::default());
+        let bytes = encode(&(7u32, Bytes::from_static(b"abc"))).unwrap();
+        let mut buf = pool.alloc(bytes.len()).unwrap();
+        buf.copy_from_slice(&bytes);
+        let (value, back) = decode_sharing::<(u32, SharedBytes)>(Received::from(buf));
+        let ((_, small), sliced) = value.unwrap();
+        assert!(!sliced && !back.is_bytes() && !pool.contains(&small.0));
     }
 
     #[test]

@@ -47,8 +47,8 @@ pub mod runtime;
 mod service;
 
 /// The byte buffer type of payloads (`bytes::Bytes`, with its `serde` feature): arguments and
-/// results written `Bytes` of more than 1 KiB are decoded without a copy (see
-/// [`codec::SharedBytes`]).
+/// results written `Bytes` of more than 1 KiB are decoded without a copy, smaller ones from the
+/// copy of their message made as it arrived (see [`codec::SharedBytes`]).
 pub use bytes::Bytes;
 pub use context::{Context, Metadata, MetadataError};
 pub use error::{CallError, ConnectError, Detail, RemoteError, ServiceError};

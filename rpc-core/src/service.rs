@@ -183,11 +183,12 @@ where
             return place.place(std::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))))
         }
     };
-    // Arguments that hold slices of the payload keep it alive anyway: the payload is kept too
-    // (until the handler returns), so that a response made of an argument as it came (an echo)
-    // is that slice of the payload, not a copy. Otherwise the payload goes now (its buffer back
-    // to the pool).
-    let source = sliced.then(|| payload.into_bytes());
+    // Arguments that hold slices of a payload of more than 1 KiB keep it alive anyway: the
+    // payload is kept too (until the handler returns), so that a response made of an argument
+    // as it came (an echo) is that slice of the payload, not a copy. Otherwise the payload goes
+    // now (its buffer back to the pool); a small response is encoded afresh (less work than
+    // matching it against the payload).
+    let source = (sliced && payload.len() > crate::arena::SMALL).then(|| payload.into_bytes());
     place.place(async move {
         let resp = f(args).await;
         let encoded = match &source {

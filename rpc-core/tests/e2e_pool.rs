@@ -125,6 +125,32 @@ over_all_transports! {
         }
     }
 
+    async fn a_small_message_leaves_its_receive_buffer_to_be_posted_again(kind: Kind) {
+        // A message of at most 1 KiB is copied out as it arrives and its receive buffer posted
+        // again as it is: no buffer from the pool per message received. The request is the
+        // caller's own bytes (not encoded into the pool), so on mem and tcp (which copy every
+        // SEND: its frame is assembled outside the pool) a call takes nothing from the client's
+        // pool; on rdma at most its request frame, when it is too large to go inline.
+        let s = common::setup(kind).await;
+        let client = s.client.client();
+        let payload = codec::encode(&(pattern(32, 5),)).expect("encode");
+        let opts = CallOptions::default();
+        let call = || client.call(common::EchoClient::ECHO, payload.clone(), &opts);
+        for _ in 0..WARMUP {
+            call().await.expect("echo");
+        }
+        let before = client.pool().counters().allocs;
+        const CALLS: u64 = 64;
+        for _ in 0..CALLS {
+            let back: Bytes = codec::decode(&call().await.expect("echo")).expect("decode");
+            assert_eq!(back, pattern(32, 5));
+        }
+        let per_call = (client.pool().counters().allocs - before) as f64 / CALLS as f64;
+        println!("[{kind:?}] client pool buffers taken per 32 B call: {per_call:.2}");
+        let most = if matches!(kind, Kind::Rdma) { 1.0 } else { 0.0 };
+        assert!(per_call <= most, "{per_call} buffers per call (at most {most})");
+    }
+
     async fn per_call_keys_register_each_advertised_payload(kind: Kind) {
         let per_call = steady_state(kind, KeyPolicy::PerCallKeys).await;
         if matches!(kind, Kind::Rdma) {

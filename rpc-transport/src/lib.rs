@@ -354,6 +354,13 @@ impl RecvBuffer {
     pub fn into_buf(self) -> Buf {
         self.buf
     }
+    /// The same buffer, emptied, to be posted again for a message of up to the same size (a
+    /// consumer that copied the message out re-posts its receive buffer as verbs does: no
+    /// buffer taken from or given back to the pool).
+    pub fn reuse(mut self) -> RecvBuffer {
+        self.buf.set_len(0);
+        self
+    }
     /// Fills the buffer with a received message; returns `false` (and leaves it empty) if the
     /// message does not fit.
     pub(crate) fn fill(&mut self, msg: &[u8]) -> bool {

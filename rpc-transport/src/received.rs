@@ -76,6 +76,13 @@ impl Received {
         // Still inside the owner's memory: a part of the range checked above.
         self.ptr = self.ptr.wrapping_add(start);
         self.len = end - start;
+        if let Owner::Bytes(b) = &mut self.owner {
+            // `Bytes` are narrowed too (no reference count taken), so that `into_bytes` returns
+            // them as they are.
+            let offset = self.ptr as usize - b.as_ptr() as usize;
+            b.truncate(offset + self.len);
+            b.advance(offset);
+        }
         self
     }
 
@@ -144,6 +151,22 @@ impl Received {
         // decoder holds only a slice of its bytes, which this leaves where they are).
         let msg = unsafe { &mut *lent };
         within(msg, v).then(|| msg.freeze_in_place().slice_ref(v))
+    }
+
+    /// [`Received::share`], but only from a lent message that is [`Bytes`] already (nothing is
+    /// frozen) and at most `max_len` bytes long (the slice keeps alive no more memory than a
+    /// message that small): a reference count instead of a copy. `None` otherwise.
+    pub fn share_if_small_bytes(v: &[u8], max_len: usize) -> Option<Bytes> {
+        let lent = LENT.with(Cell::get);
+        if lent.is_null() {
+            return None;
+        }
+        // SAFETY: as in `share`; the message is only read here.
+        let msg = unsafe { &*lent };
+        match &msg.owner {
+            Owner::Bytes(b) if msg.len <= max_len && within(msg, v) => Some(b.slice_ref(v)),
+            _ => None,
+        }
     }
 
     /// Turns the buffer into `Bytes` where it lies (no copy: `ptr` stays valid).

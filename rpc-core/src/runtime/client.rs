@@ -316,9 +316,9 @@ impl Client {
     /// call this; use it directly for dynamic calls.
     ///
     /// A response of more than 1 KiB is handed on where it landed (its receive buffer or READ
-    /// destination, held until the `Bytes` drops); a smaller one is copied into a small block
-    /// shared by such copies, and its buffer goes back to the pool at once (as with
-    /// [`SharedBytes`](crate::codec::SharedBytes)).
+    /// destination, held until the `Bytes` drops); a smaller one is the copy made as its message
+    /// arrived, in a small block shared by such copies (its receive buffer was posted again at
+    /// once; as with [`SharedBytes`](crate::codec::SharedBytes)).
     pub async fn call(
         &self,
         method: MethodId,

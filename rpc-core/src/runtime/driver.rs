@@ -20,6 +20,10 @@ use crate::proto::{ClientProto, Op, ProtoError, ProtoStats, ServerProto};
 
 /// Completions taken per poll of the completion queue.
 pub(crate) const COMPLETION_BATCH: usize = 64;
+/// Received frames of at most this many bytes are copied out of their receive buffer, which is
+/// re-posted as it is ([`poll_completions`]); their payloads are then [`Bytes`] of at most 1
+/// KiB, whose small `Bytes` values decode as slices of the copy (`codec::SharedBytes`).
+const SMALL_FRAME: usize = crate::arena::SMALL;
 /// Rounds of (commands, completions, ops) one wake-up may run before yielding to the scheduler.
 pub(crate) const ROUNDS_PER_WAKE: usize = 16;
 
@@ -73,6 +77,11 @@ impl ConnStats {
 /// The inputs both state machines take from the transport.
 pub(crate) trait ProtoEnd {
     fn handle_frame(&mut self, frame: Received, now: Instant) -> Result<(), ProtoError>;
+    /// [`ProtoEnd::handle_frame`] of a small frame the state machine copies (into its arena):
+    /// the caller keeps the buffer it lies in.
+    fn handle_frame_copied(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
+        self.handle_frame(Received::from(Bytes::copy_from_slice(frame)), now)
+    }
     fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
     fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>);
     fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>);
@@ -90,6 +99,9 @@ macro_rules! impl_proto_end {
             fn handle_frame(&mut self, $frame: Received, $now: Instant) -> Result<(), ProtoError> {
                 let $p = self;
                 $recv
+            }
+            fn handle_frame_copied(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
+                self.handle_recv(frame, now)
             }
             fn handle_send(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError> {
                 self.handle_send_complete(wr_id, result)
@@ -222,12 +234,20 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
                 // Read once per wake-up, and only for a message (its arrival counts for the
                 // connection's liveness): a SEND or READ completion needs no time.
                 let now = clock.now().into_std();
-                // The message is handed on as it lies in the receive buffer (no copy); a fresh
-                // buffer of the connection's pool takes its place in the receive queue (all of
-                // the batch's in one post, below) before the state machine can return the credit.
-                let size = buf.capacity();
-                let handled = proto.handle_frame(buf.into_received(), now);
-                reposts.push(RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)));
+                // A small message is copied out (into the state machine's arena: less work than
+                // a buffer taken from the pool and given back) and its receive buffer goes back
+                // into the receive queue as it is. A larger one is handed on as it lies in the
+                // receive buffer (no copy), and a fresh buffer of the connection's pool takes
+                // its place. Either way the receive is re-posted (all of the batch's in one
+                // post, below) before the state machine can return the credit.
+                let (handled, repost) = if buf.bytes().len() <= SMALL_FRAME {
+                    (proto.handle_frame_copied(buf.bytes(), now), buf.reuse())
+                } else {
+                    let size = buf.capacity();
+                    let handled = proto.handle_frame(buf.into_received(), now);
+                    (handled, RecvBuffer::from_buf(conn.pool().alloc_or_heap(size)))
+                };
+                reposts.push(repost);
                 if let Err(e) = handled {
                     reposts.extend(deferred_repost.take());
                     conn.post_recv_batch(reposts).map_err(Fatal::Transport)?;
