@@ -12,7 +12,7 @@
 #  3. in the VM, for rxe0 and then siw0 (rxe0 is deleted first: rdma_cm binds 10.0.2.15 to the first
 #     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15:
 #     `rpc-bench doctor --device <dev>`, each test binary with `--ignored --test-threads 2`, `kv demo`
-#     over rdma://, then RPC_RDMA_SUITE_ROUNDS rounds (default 3) of rpc-bench (echo 32 B event-driven
+#     over rdma://, then RPC_RDMA_SUITE_ROUNDS rounds (default 5) of rpc-bench (echo 32 B event-driven
 #     and busy-polling, download and upload 1 MiB and 16 MiB with 1 and with 4 calls in flight, a few
 #     seconds per point) and scripts/vm/perftest.sh <dev>, in alternating order;
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
@@ -20,14 +20,15 @@
 #     perftest run) and the median of those ratios, last on the line.
 #
 # Options:
-#   --timeout SECS  bound on the whole run (setup, builds, VM); default 1800 or $RPC_RDMA_SUITE_TIMEOUT.
-#                   The VM gets what is left after setup and builds (warm: ~12 min of VM time needed).
+#   --timeout SECS  bound on the whole run (setup, builds, VM); default 2400 or $RPC_RDMA_SUITE_TIMEOUT.
+#                   The VM gets what is left after setup and builds (warm: ~22 min of VM time needed
+#                   with 5 rounds: ~3.5 min of tests and demo and ~100 s per round, per device).
 #   --bench-only    a measuring boot: doctor, rpc-bench and perftest only (no test binary, no demo);
 #                   its summary says so, and it is no substitute for the suite.
 # Environment: RPC_RDMA_SUITE_STEP_TIMEOUT (seconds per step in the VM, default 400),
 #   RPC_RDMA_SUITE_BENCH_SECS (seconds per bench point, default 3), RPC_RDMA_SUITE_BUSY_POLL_US (the
 #   busy-poll window of the second 32 B echo run, default 2000), RPC_RDMA_SUITE_ROUNDS (rounds of
-#   rpc-bench and perftest per device, default 3), RPC_VM_CACHE (see common.sh).
+#   rpc-bench and perftest per device, default 5), RPC_VM_CACHE (see common.sh).
 #
 # Exit status: 0 if the doctor passed, every test binary passed and ran > 0 tests, the demo and every
 # bench run succeeded on both devices; 1 if anything failed, was not run, or the VM timed out; 78 if
@@ -63,7 +64,7 @@ BENCH_SECS="${RPC_RDMA_SUITE_BENCH_SECS:-3}"
 PIPELINE="${RPC_RDMA_SUITE_PIPELINE:-4}"
 BUSY_POLL_US="${RPC_RDMA_SUITE_BUSY_POLL_US:-2000}"
 # Rounds of (rpc-bench points, perftest) per device; the host passes its value on in the manifest.
-ROUNDS="${RPC_RDMA_SUITE_ROUNDS:-3}"
+ROUNDS="${RPC_RDMA_SUITE_ROUNDS:-5}"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "RPC_RDMA_SUITE_ROUNDS must be a positive integer" >&2; exit 2; }
 # --bench-only: doctor, rpc-bench and perftest only (no test binary, no demo): a measuring boot.
 BENCH_ONLY=0
@@ -244,7 +245,7 @@ no_vm() {
     exit "$EXIT_NO_VM"
 }
 
-TOTAL_TIMEOUT="${RPC_RDMA_SUITE_TIMEOUT:-1800}"
+TOTAL_TIMEOUT="${RPC_RDMA_SUITE_TIMEOUT:-2400}"
 parse_args() {
     while (($# > 0)); do
         case "$1" in
