@@ -154,8 +154,9 @@ impl Received {
     }
 
     /// [`Received::share`], but only from a lent message that is [`Bytes`] already (nothing is
-    /// frozen) and at most `max_len` bytes long (the slice keeps alive no more memory than a
-    /// message that small): a reference count instead of a copy. `None` otherwise.
+    /// frozen) and at most `max_len` bytes long: a reference count instead of a copy. Such a
+    /// message is a copy made as it arrived, or bytes the caller had: a slice of it holds no
+    /// receive buffer that the message did not hold already. `None` otherwise.
     pub fn share_if_small_bytes(v: &[u8], max_len: usize) -> Option<Bytes> {
         let lent = LENT.with(Cell::get);
         if lent.is_null() {
