@@ -317,22 +317,21 @@ impl<'de> serde::Deserialize<'de> for SharedBytes {
 }
 
 /// `v` as a slice of the payload being decoded, if it lies inside it and is larger than
-/// [`arena::SMALL`]; else a copy (into this thread's arena when it is that small).
+/// [`arena::SMALL`], or is smaller and the payload is a copy of at most that size (a message
+/// copied out as it arrived: a slice of it keeps no receive buffer); else a copy (into this
+/// thread's arena when it is that small).
 fn share(v: &[u8]) -> Bytes {
-    if v.len() <= arena::SMALL {
-        // A message this small was copied out of its receive buffer as it arrived: a slice of
-        // that copy keeps no receive buffer.
-        if let Some(slice) = Received::share_if_small_bytes(v, arena::SMALL) {
-            SLICES.set(SLICES.get().wrapping_add(1));
-            return slice;
-        }
-        return arena::copy_local(v);
-    }
-    match Received::share(v) {
+    let small = v.len() <= arena::SMALL;
+    let slice = match small {
+        true => Received::share_if_small_bytes(v, arena::SMALL),
+        false => Received::share(v),
+    };
+    match slice {
         Some(slice) => {
             SLICES.set(SLICES.get().wrapping_add(1));
             slice
         }
+        None if small => arena::copy_local(v),
         None => Bytes::copy_from_slice(v),
     }
 }

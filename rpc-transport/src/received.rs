@@ -141,16 +141,7 @@ impl Received {
     /// non-empty part of its bytes (the first such slice freezes its buffer). `None` otherwise
     /// (outside `lend`, or bytes from elsewhere): copy them.
     pub fn share(v: &[u8]) -> Option<Bytes> {
-        let lent = LENT.with(Cell::get);
-        if lent.is_null() {
-            return None;
-        }
-        // SAFETY: a non-null `LENT` points to the message of the innermost `lend` running on
-        // this thread, alive in that call's frame, which does not touch it until `f` returns
-        // (and `LENT` is reset before it does); nothing else holds a reference to it (the
-        // decoder holds only a slice of its bytes, which this leaves where they are).
-        let msg = unsafe { &mut *lent };
-        within(msg, v).then(|| msg.freeze_in_place().slice_ref(v))
+        with_lent(|msg| within(msg, v).then(|| msg.freeze_in_place().slice_ref(v)))
     }
 
     /// [`Received::share`], but only from a lent message that is [`Bytes`] already (nothing is
@@ -158,16 +149,10 @@ impl Received {
     /// message is a copy made as it arrived, or bytes the caller had: a slice of it holds no
     /// receive buffer that the message did not hold already. `None` otherwise.
     pub fn share_if_small_bytes(v: &[u8], max_len: usize) -> Option<Bytes> {
-        let lent = LENT.with(Cell::get);
-        if lent.is_null() {
-            return None;
-        }
-        // SAFETY: as in `share`; the message is only read here.
-        let msg = unsafe { &*lent };
-        match &msg.owner {
+        with_lent(|msg| match &msg.owner {
             Owner::Bytes(b) if msg.len <= max_len && within(msg, v) => Some(b.slice_ref(v)),
             _ => None,
-        }
+        })
     }
 
     /// Turns the buffer into `Bytes` where it lies (no copy: `ptr` stays valid).
@@ -190,6 +175,20 @@ impl Received {
             Owner::Buf(_) => unreachable!("frozen above"),
         }
     }
+}
+
+/// `f` on the message of the innermost [`Received::lend`] running on this thread; `None` outside
+/// one.
+fn with_lent<R>(f: impl FnOnce(&mut Received) -> Option<R>) -> Option<R> {
+    let lent = LENT.with(Cell::get);
+    if lent.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null `LENT` points to the message of the innermost `lend` running on this
+    // thread, alive in that call's frame, which does not touch it until its `f` returns (and
+    // `LENT` is reset before it does); nothing else holds a reference to it (the decoder holds
+    // only a slice of its bytes, which `Received::share` leaves where they are).
+    f(unsafe { &mut *lent })
 }
 
 /// Whether `v` is a non-empty range of `src`'s memory.
