@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use rpc_core::proto::{
     ClientEvent, ClientProto, Header, Kind, Op, PeerLimits, ProtoConfig, ServerEvent, ServerProto, HEADER_LEN,
 };
-use rpc_core::transport::{RKey, RegionDesc};
+use rpc_core::transport::{RKey, RegionDesc, SendBuf};
 
 /// The regions one end registered, by key.
 #[derive(Default)]
@@ -42,6 +42,15 @@ struct Pair {
     s: Regions,
     now: Instant,
     next_id: u64,
+    /// A frame made one piece again, as a receive buffer holds it.
+    scratch: Vec<u8>,
+}
+
+/// `frame`'s bytes in one piece, in `scratch` (as the peer's receive buffer would hold them).
+fn assembled<'a>(frame: &SendBuf, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+    scratch.resize(frame.len(), 0);
+    frame.copy_to_slice(scratch);
+    scratch
 }
 
 fn limits(cfg: &ProtoConfig) -> PeerLimits {
@@ -65,6 +74,7 @@ impl Pair {
             s: Regions::default(),
             now,
             next_id: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -75,7 +85,8 @@ impl Pair {
             moved = true;
             match op {
                 Op::Send { wr_id, frame } => {
-                    self.server.handle_recv(&frame, self.now).expect("server takes the frame");
+                    let frame = assembled(&frame, &mut self.scratch);
+                    self.server.handle_recv(frame, self.now).expect("server takes the frame");
                     self.client.handle_send_complete(wr_id, Ok(())).expect("send completes");
                 }
                 Op::Register { call_id, data } => {
@@ -106,7 +117,8 @@ impl Pair {
             moved = true;
             match op {
                 Op::Send { wr_id, frame } => {
-                    self.client.handle_recv(&frame, self.now).expect("client takes the frame");
+                    let frame = assembled(&frame, &mut self.scratch);
+                    self.client.handle_recv(frame, self.now).expect("client takes the frame");
                     self.server.handle_send_complete(wr_id, Ok(())).expect("send completes");
                 }
                 Op::Register { call_id, data } => {

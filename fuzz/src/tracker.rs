@@ -68,7 +68,7 @@ impl Tracker {
     /// Checks one operation the protocol asked for and records it as posted.
     pub fn on_op(&mut self, op: Op) {
         match op {
-            Op::Send { wr_id, frame } => self.on_send(wr_id, &frame),
+            Op::Send { wr_id, frame } => self.on_send(wr_id, &frame.into_bytes()),
             Op::Register { call_id, data } => {
                 assert!(
                     data.len() as u64 <= self.peer.hello.max_message_size,

@@ -4,8 +4,9 @@
 //! fresh one when some are still held.
 //!
 //! Used where a message is small enough that copying it costs less than giving it a buffer of
-//! its own: frames of at most [`SMALL`] bytes are assembled here (the transport copies them
-//! anyway: inline, or into its send buffers), received ones are copied here so that their
+//! its own: frames of at most [`SMALL`] bytes are assembled here when there is no pool (a frame
+//! the transport copies anyway goes as its header and body side by side instead, assembled by
+//! nobody: `SendBuf::Headed`), received ones are copied here so that their
 //! receive buffer is re-posted as it is, small payloads are encoded here, and small `Bytes`
 //! values are decoded here (`codec::SharedBytes`).
 //!

@@ -11,7 +11,7 @@
 //!   scheme keeps that counter at zero.
 //! * **Two-sided SEND** of a message no larger than the peer's `recv_size`:
 //!   [`Connection::post_send`], from a [`SendBuf`] (a pool buffer the message was written into,
-//!   or shared `Bytes`).
+//!   shared `Bytes`, or a short head and shared `Bytes` side by side: a gather list).
 //! * **Registered memory**: [`Connection::register`] pins a buffer and returns a [`RegionDesc`]
 //!   `(addr, len, rkey)` that may be advertised to the peer. The region is readable by the peer
 //!   (REMOTE_READ only) until [`Connection::deregister`] revokes its key.
@@ -74,7 +74,7 @@ pub use address::{connect, listen, Address};
 pub use error::{Detail, ReadError, SharedError, TransportError};
 pub use pool::{Buf, MemPool, PoolCounters, PoolLimits, CHUNK_BYTES, MAX_CLASS};
 pub use received::Received;
-pub use send_buf::SendBuf;
+pub use send_buf::{Head, SendBuf, MAX_HEAD};
 #[doc(hidden)] // for rpc-core's driver; not part of the seam
 pub use take_each::take_each;
 
@@ -361,15 +361,17 @@ impl RecvBuffer {
         self.buf.set_len(0);
         self
     }
-    /// Fills the buffer with a received message; returns `false` (and leaves it empty) if the
-    /// message does not fit.
-    pub(crate) fn fill(&mut self, msg: &[u8]) -> bool {
-        if msg.len() > self.limit {
+    /// Fills the buffer with a received message, given in two pieces copied one after the
+    /// other; returns `false` (and leaves it empty) if the message does not fit.
+    pub(crate) fn fill(&mut self, [head, body]: [&[u8]; 2]) -> bool {
+        let len = head.len() + body.len();
+        if len > self.limit {
             self.buf.set_len(0);
             return false;
         }
-        self.buf.set_len(msg.len());
-        self.buf.copy_from_slice(msg);
+        self.buf.set_len(len);
+        self.buf[..head.len()].copy_from_slice(head);
+        self.buf[head.len()..].copy_from_slice(body);
         true
     }
     /// Raw access for backends that let hardware write into the buffer.

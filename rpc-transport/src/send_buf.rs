@@ -1,11 +1,13 @@
 //! The bytes of a SEND, owned by the operation until its completion.
 
 use std::fmt;
-use std::ops::Deref;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::Buf;
+
+/// Longest head a [`SendBuf::Headed`] message carries (bytes copied into the `SendBuf` itself).
+pub const MAX_HEAD: usize = 48;
 
 /// What [`crate::Connection::post_send`] sends: owned by the operation until its completion
 /// (verbs semantics: the NIC reads the memory after the post returns).
@@ -13,38 +15,117 @@ use crate::Buf;
 /// A frame written into a buffer of the connection's pool is posted as that [`Buf`]
 /// ([`SendBuf::Owned`]): nothing is frozen or allocated, and the buffer returns to the pool when
 /// the SEND completes. Shared [`Bytes`] ([`SendBuf::Shared`]) are kept alive by the operation the
-/// same way. Derefs to the message's bytes.
+/// same way. A short head followed by shared bytes ([`SendBuf::Headed`]: a frame header and its
+/// body) is sent as a gather list, without first assembling the two: the transport copies both
+/// pieces where it copies a message anyway (inline on verbs, into the socket on tcp, into the
+/// peer's receive buffer on mem).
 pub enum SendBuf {
     /// A buffer of the message alone (its length is the message's); normally from
     /// [`crate::Connection::pool`], which `rdma` sends from as it is.
     Owned(Buf),
     /// Shared bytes (pool memory among them is recognised by address on `rdma`).
     Shared(Bytes),
+    /// A head of at most [`MAX_HEAD`] bytes followed by `body` (see [`SendBuf::headed`]).
+    Headed {
+        /// The head, held in the `SendBuf` itself.
+        head: Head,
+        /// What follows the head.
+        body: Bytes,
+    },
+}
+
+/// The head of a [`SendBuf::Headed`] message: at most [`MAX_HEAD`] bytes, held by value.
+#[derive(Clone, Copy)]
+pub struct Head {
+    len: u8,
+    bytes: [u8; MAX_HEAD],
+}
+
+impl Head {
+    /// The head's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
 }
 
 impl SendBuf {
-    /// The message as [`Bytes`] (an owned buffer is frozen: no copy).
+    /// `head` followed by `body`, sent without assembling them ([`SendBuf::Headed`]); a head
+    /// longer than [`MAX_HEAD`] is assembled with the body into one buffer instead.
+    pub fn headed(head: &[u8], body: Bytes) -> SendBuf {
+        if head.len() > MAX_HEAD {
+            let mut whole = BytesMut::with_capacity(head.len() + body.len());
+            whole.extend_from_slice(head);
+            whole.extend_from_slice(&body);
+            return SendBuf::Shared(whole.freeze());
+        }
+        let mut bytes = [0u8; MAX_HEAD];
+        bytes[..head.len()].copy_from_slice(head);
+        SendBuf::Headed { head: Head { len: head.len() as u8, bytes }, body }
+    }
+
+    /// The message's length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            SendBuf::Owned(buf) => buf.len(),
+            SendBuf::Shared(bytes) => bytes.len(),
+            SendBuf::Headed { head, body } => head.len as usize + body.len(),
+        }
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The message's bytes in one piece, unless it is [`SendBuf::Headed`] (then see
+    /// [`SendBuf::parts`]).
+    pub fn contiguous(&self) -> Option<&[u8]> {
+        match self {
+            SendBuf::Owned(buf) => Some(buf),
+            SendBuf::Shared(bytes) => Some(bytes),
+            SendBuf::Headed { .. } => None,
+        }
+    }
+
+    /// The message as two pieces, in order: the head and the body of a [`SendBuf::Headed`];
+    /// otherwise the whole message and an empty slice.
+    pub fn parts(&self) -> [&[u8]; 2] {
+        match self {
+            SendBuf::Owned(buf) => [buf, &[]],
+            SendBuf::Shared(bytes) => [bytes, &[]],
+            SendBuf::Headed { head, body } => [head.as_slice(), body],
+        }
+    }
+
+    /// Copies the message into `out`, which must be exactly [`SendBuf::len`] bytes long.
+    ///
+    /// # Panics
+    /// If `out` has another length.
+    pub fn copy_to_slice(&self, out: &mut [u8]) {
+        let [first, second] = self.parts();
+        out[..first.len()].copy_from_slice(first);
+        out[first.len()..].copy_from_slice(second);
+    }
+
+    /// The message as [`Bytes`] (an owned buffer is frozen: no copy; a headed message is
+    /// assembled: one copy).
     pub fn into_bytes(self) -> Bytes {
         match self {
             SendBuf::Owned(buf) => buf.freeze(),
             SendBuf::Shared(bytes) => bytes,
+            SendBuf::Headed { head, body } => {
+                let mut whole = BytesMut::with_capacity(head.len as usize + body.len());
+                whole.extend_from_slice(head.as_slice());
+                whole.extend_from_slice(&body);
+                whole.freeze()
+            }
         }
     }
-}
 
-impl Deref for SendBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            SendBuf::Owned(buf) => buf,
-            SendBuf::Shared(bytes) => bytes,
-        }
-    }
-}
-
-impl AsRef<[u8]> for SendBuf {
-    fn as_ref(&self) -> &[u8] {
-        self
+    /// The message's bytes, one after the other (for comparisons and tests).
+    fn iter(&self) -> impl Iterator<Item = &u8> {
+        let [first, second] = self.parts();
+        first.iter().chain(second)
     }
 }
 
@@ -72,10 +153,10 @@ impl From<&'static [u8]> for SendBuf {
     }
 }
 
-/// Equal when the bytes are.
+/// Equal when the bytes are (however they are split).
 impl PartialEq for SendBuf {
     fn eq(&self, other: &SendBuf) -> bool {
-        **self == **other
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
@@ -83,7 +164,7 @@ impl Eq for SendBuf {}
 
 impl PartialEq<[u8]> for SendBuf {
     fn eq(&self, other: &[u8]) -> bool {
-        **self == *other
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
@@ -92,8 +173,15 @@ impl fmt::Debug for SendBuf {
         let kind = match self {
             SendBuf::Owned(_) => "Owned",
             SendBuf::Shared(_) => "Shared",
+            SendBuf::Headed { .. } => "Headed",
         };
         f.debug_struct("SendBuf").field("kind", &kind).field("len", &self.len()).finish()
+    }
+}
+
+impl fmt::Debug for Head {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Head").field("len", &self.len).finish()
     }
 }
 
@@ -109,11 +197,35 @@ mod tests {
         buf.copy_from_slice(&[3; 100]);
         let ptr = buf.as_ptr();
         let msg = SendBuf::from(buf);
-        assert_eq!((msg.as_ptr(), msg.len()), (ptr, 100), "the buffer's own memory");
+        let whole = msg.contiguous().expect("one piece");
+        assert_eq!((whole.as_ptr(), whole.len()), (ptr, 100), "the buffer's own memory");
         assert_eq!(msg, SendBuf::from(vec![3u8; 100]), "equal by content");
         let bytes = msg.into_bytes();
         assert_eq!(bytes.as_ptr(), ptr, "frozen without a copy");
         assert!(pool.contains(&bytes));
-        assert_eq!(&*SendBuf::from(&b"ab"[..]), b"ab");
+        assert_eq!(SendBuf::from(&b"ab"[..]), b"ab"[..]);
+    }
+
+    #[test]
+    fn a_headed_message_keeps_its_body_where_it_lies_until_assembled() {
+        let body = Bytes::from_static(b" world");
+        let msg = SendBuf::headed(b"hello", body.clone());
+        assert!(matches!(msg, SendBuf::Headed { .. }));
+        assert_eq!(msg.len(), 11);
+        assert!(msg.contiguous().is_none());
+        let [head, rest] = msg.parts();
+        assert_eq!(head, b"hello");
+        assert_eq!(rest.as_ptr(), body.as_ptr(), "the body is not copied");
+        assert_eq!(msg, SendBuf::from(&b"hello world"[..]), "equal by content, however split");
+        assert_ne!(msg, SendBuf::from(&b"hello worle"[..]));
+        let mut out = [0u8; 11];
+        msg.copy_to_slice(&mut out);
+        assert_eq!(&out, b"hello world");
+        assert_eq!(msg.into_bytes(), Bytes::from_static(b"hello world"));
+        // An empty body, and a head too long to hold: assembled at once.
+        assert_eq!(SendBuf::headed(b"hi", Bytes::new()), b"hi"[..]);
+        let long = SendBuf::headed(&[1; MAX_HEAD + 1], body);
+        assert!(matches!(long, SendBuf::Shared(_)));
+        assert_eq!(long.len(), MAX_HEAD + 7);
     }
 }

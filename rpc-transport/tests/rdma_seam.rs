@@ -165,6 +165,7 @@ macro_rules! rdma_tests {
 mod verbs {
     rdma_tests!(
         round_trip,
+        headed_messages_arrive_whole,
         completions_in_order,
         zero_byte_message,
         large_messages_use_send_slabs,
@@ -208,6 +209,30 @@ async fn round_trip() {
     assert_eq!((c.sends, c.recvs, s.sends, s.recvs), (1, 1, 1, 1));
     assert_eq!(s.recvs_posted, 64 + 1, "initial receives plus the re-post");
     assert_eq!(c.recv_unexpected + s.recv_unexpected, 0);
+}
+
+/// A message given as a head and a body (`SendBuf::Headed`) arrives as one message: inline as
+/// two SGEs when it fits the inline size (the head lies inside the `SendBuf`, named where it is
+/// when posted), else copied into a send slab, or into a buffer registered for it alone.
+async fn headed_messages_arrive_whole() {
+    let (mut client, mut server) = pair(params(8, 64 << 10), params(8, 64 << 10)).await;
+    let inline = client.info().copied_sends as usize;
+    let sizes = [0, 1, inline.saturating_sub(40).max(1), inline + 1, 8000, (64 << 10) - 40];
+    for (i, body_len) in sizes.into_iter().enumerate() {
+        let head = [i as u8; 40];
+        let body = Bytes::from(pattern(body_len));
+        let whole = [&head[..], &body[..]].concat();
+        client.post_send(10 + i as u64, SendBuf::headed(&head, body)).unwrap();
+        client.post_send(20 + i as u64, Bytes::from_static(b"between").into()).unwrap();
+        for id in [10 + i as u64, 20 + i as u64] {
+            let (done, result) = send_done(&mut *client).await;
+            assert_eq!(done, id);
+            result.unwrap();
+        }
+        assert_eq!(recv(&mut *server).await, whole, "message of {} + {body_len} bytes", head.len());
+        assert_eq!(recv(&mut *server).await, b"between");
+    }
+    assert_eq!(client.counters().recv_unexpected + server.counters().recv_unexpected, 0);
 }
 
 async fn completions_in_order() {

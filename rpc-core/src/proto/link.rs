@@ -41,6 +41,9 @@ use super::liveness::Liveness;
 use super::rendezvous::Rendezvous;
 use super::stats::ProtoStats;
 
+// A frame's header fits the head of a `SendBuf::Headed`.
+const _: () = assert!(HEADER_LEN <= rpc_transport::MAX_HEAD);
+
 /// An operation the driver must post on the transport.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Op {
@@ -163,12 +166,12 @@ pub(crate) struct Link {
     pub rdv: Rendezvous,
     /// Where frames with a body are assembled (the connection's registered memory), if given.
     pub pool: Option<MemPool>,
-    /// Where header-only frames, frames the transport copies anyway (up to `copied_frames`) and
-    /// any frame when there is no pool are assembled, and received frames copied by
+    /// Where small frames are assembled when there is no pool, and received frames copied by
     /// [`Link::copy_received`], when they are small.
     pub arena: Arena,
     /// Frames of at most this many bytes are copied by the transport as they are posted
-    /// (`ConnInfo::copied_sends`): assembled in the arena, not the pool. 0 until told.
+    /// (`ConnInfo::copied_sends`): they go as their header and body side by side
+    /// (`SendBuf::Headed`), assembled by nobody. 0 until told.
     pub copied_frames: usize,
     pub stats: ProtoStats,
 }
@@ -447,7 +450,7 @@ impl Link {
                     let Some(out) = self.tx.pop_front() else { break };
                     self.stalled_counted = self.stalled_counted.saturating_sub(1);
                     match out.body {
-                        Body::Bytes(body) => self.send(out.header, &body),
+                        Body::Bytes(body) => self.send(out.header, body),
                         Body::Framed(buf) => self.send_framed(out.header, buf),
                     }
                 }
@@ -457,41 +460,42 @@ impl Link {
                 }
                 FlushStep::Pong => {
                     self.live.pong_due = false;
-                    self.send(Header::new(Kind::Pong), &[]);
+                    self.send(Header::new(Kind::Pong), Bytes::new());
                 }
                 FlushStep::Ping => {
                     self.live.ping_due = false;
                     self.stats.pings_sent += 1;
-                    self.send(Header::new(Kind::Ping), &[]);
+                    self.send(Header::new(Kind::Ping), Bytes::new());
                 }
                 FlushStep::Credit => {
                     self.stats.credit_frames += 1;
-                    self.send(Header::new(Kind::Credit), &[]);
+                    self.send(Header::new(Kind::Credit), Bytes::new());
                 }
             }
         }
     }
 
-    fn send(&mut self, header: Header, body: &[u8]) {
+    fn send(&mut self, header: Header, body: Bytes) {
         let h = self.seal(header, body.len());
         let len = HEADER_LEN + body.len();
-        // A frame the transport copies anyway (inline on verbs, into the socket on tcp) gains
-        // nothing from registered memory: a slice of the arena costs no pool buffer.
-        if len <= self.copied_frames.min(arena::SMALL) {
-            let frame = self.arena.copy(&[&h, body]).into();
-            return self.push_send(frame);
+        // A frame the transport copies anyway (inline on verbs, into the socket on tcp, into the
+        // peer's receive on mem) goes as its header and its body side by side, copied by the
+        // transport alone: nothing assembled here, nothing from registered memory. So does a
+        // frame without a body.
+        if len <= self.copied_frames || body.is_empty() {
+            return self.push_send(SendBuf::headed(&h, body));
         }
-        let frame = match self.pool.as_ref().filter(|_| !body.is_empty()).and_then(|p| p.alloc(len).ok()) {
+        let frame = match self.pool.as_ref().and_then(|p| p.alloc(len).ok()) {
             Some(mut buf) => {
                 buf[..HEADER_LEN].copy_from_slice(&h);
-                buf[HEADER_LEN..].copy_from_slice(body);
+                buf[HEADER_LEN..].copy_from_slice(&body);
                 SendBuf::Owned(buf)
             }
-            None if HEADER_LEN + body.len() <= arena::SMALL => self.arena.copy(&[&h, body]).into(),
+            None if len <= arena::SMALL => self.arena.copy(&[&h, &body]).into(),
             None => {
-                let mut frame = BytesMut::with_capacity(HEADER_LEN + body.len());
+                let mut frame = BytesMut::with_capacity(len);
                 frame.put_slice(&h);
-                frame.put_slice(body);
+                frame.put_slice(&body);
                 frame.freeze().into()
             }
         };

@@ -100,8 +100,8 @@ impl MemConnection {
                 || {
                     let delivered = match self.plan.next_send_fault() {
                         SendFault::Fail => return Err(TransportError::Injected("fail_next_completions")),
-                        SendFault::Corrupt => self.peer.deliver(&corrupt(&msg)),
-                        SendFault::None => self.peer.deliver(&msg),
+                        SendFault::Corrupt => self.peer.deliver(&corrupt(msg.parts())),
+                        SendFault::None => self.peer.deliver_parts(msg.parts()),
                     };
                     // A delivery that kills the peer takes this end down too.
                     delivered
@@ -122,8 +122,8 @@ impl MemConnection {
                 SendFault::Fail => {
                     return local.complete_send(op, Err(TransportError::Injected("fail_next_completions")))
                 }
-                SendFault::Corrupt => peer.deliver(&corrupt(&msg)),
-                SendFault::None => peer.deliver(&msg),
+                SendFault::Corrupt => peer.deliver(&corrupt(msg.parts())),
+                SendFault::None => peer.deliver_parts(msg.parts()),
             };
             // A delivery that kills the peer takes this end down too, flushing the send.
             if delivered.is_ok() {

@@ -145,8 +145,8 @@ fn take_one(counter: &AtomicU64) -> bool {
 }
 
 /// The corrupted form of a message: first 8 bytes XORed with `0xA5`.
-pub(crate) fn corrupt(msg: &[u8]) -> Vec<u8> {
-    let mut bytes = msg.to_vec();
+pub(crate) fn corrupt(msg: [&[u8]; 2]) -> Vec<u8> {
+    let mut bytes = msg.concat();
     bytes.iter_mut().take(8).for_each(|b| *b ^= 0xA5);
     bytes
 }

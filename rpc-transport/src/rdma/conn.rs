@@ -18,7 +18,7 @@ use super::cm::{CmChannel, CmSink};
 use super::cq::CqPoller;
 use super::hello::Hello;
 use super::slab::Slab;
-use super::sys::{RecvWr, SendWr, WorkCompletion};
+use super::sys::{RecvWr, SendWr, Sge, WorkCompletion};
 use crate::{
     Buf, Completion, ConnInfo, Connection, KeyPolicy, MemPool, RKey, ReadError, RecvBuffer, RegionDesc,
     SendBuf, TransportCounters, TransportError, WrId,
@@ -44,8 +44,14 @@ pub(super) enum SendSource {
     None,
     /// A slot of the send slab pool.
     Slab(u32),
-    /// Bytes of the connection's pool, sent as they are (kept alive until the completion).
-    Pooled { lkey: u32, bytes: SendBuf },
+    /// Bytes of the connection's pool, sent as they are from `addr`: `bytes` keeps them alive
+    /// until the completion (held, never read).
+    Pooled {
+        lkey: u32,
+        addr: u64,
+        #[allow(dead_code)]
+        bytes: SendBuf,
+    },
     /// A buffer registered for this SEND alone (larger than a send slab).
     Own(RegisteredBuf),
 }
@@ -56,10 +62,29 @@ pub(super) struct Batched {
     pub(super) wr: SendWr,
     /// For an unsignaled SEND, the caller's id: its completion is reported once it is posted.
     pub(super) unsignaled: Option<WrId>,
-    /// For an inline SEND, its bytes, kept alive until the post (which copies them); held, never
-    /// read.
-    #[allow(dead_code)]
+    /// For an inline SEND, its bytes, kept alive until the post (which copies them, from the
+    /// SGEs [`Batched::wr`] names).
     pub(super) inline_bytes: Option<SendBuf>,
+}
+
+impl Batched {
+    /// The request as it is posted now. An inline SEND's SGEs name its bytes where this entry
+    /// holds them at this moment (the head of a [`SendBuf::Headed`] lies inside the entry, so
+    /// they are named only when the entry no longer moves: during the post).
+    pub(super) fn wr(&self) -> SendWr {
+        let mut wr = self.wr;
+        if let Some(msg) = &self.inline_bytes {
+            let sge = |p: &[u8]| {
+                (!p.is_empty()).then_some(Sge { addr: p.as_ptr() as u64, len: p.len() as u32, lkey: 0 })
+            };
+            let [first, second] = msg.parts();
+            (wr.sge, wr.sge2) = match (sge(first), sge(second)) {
+                (None, rest) => (rest, None),
+                (first, rest) => (first, rest),
+            };
+        }
+        wr
+    }
 }
 
 /// A READ, possibly split in several chunks.

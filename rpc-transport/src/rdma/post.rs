@@ -166,7 +166,7 @@ impl RdmaConnection {
         }
         let seq = self.next_seq();
         let key = self.insert_signaled(Op::Send { wr_id: None, buf: SendSource::None, seq });
-        let wr = SendWr { wr_id: key, op, signaled: true, sge };
+        let wr = SendWr { wr_id: key, op, signaled: true, sge, sge2: None };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
         self.flush_sq();
         self.check_alive()
@@ -257,13 +257,18 @@ impl RdmaConnection {
             Err(e)
         };
         let len = msg.len();
+        let pooled = || {
+            let bytes = msg.contiguous()?;
+            Some((self.pool.keys_of(bytes)?, bytes.as_ptr() as u64))
+        };
         let buf = if len <= self.limits.max_inline as usize {
             SendSource::None
-        } else if let Some(keys) = self.pool.keys_of(&msg) {
-            // The operation keeps the message (moving it never moves its bytes) until the
-            // completion; `msg` is left empty and not read again.
+        } else if let Some((keys, addr)) = pooled() {
+            // The operation keeps the message (moving a contiguous `SendBuf` never moves its
+            // bytes) until the completion; `msg` is left empty and not read again.
             SendSource::Pooled {
                 lkey: keys.lkey,
+                addr,
                 bytes: std::mem::replace(&mut msg, SendBuf::Shared(Bytes::new())),
             }
         } else if msg.len() <= self.send_slab_size() {
@@ -284,7 +289,7 @@ impl RdmaConnection {
         } else {
             match RegisteredBuf::new(&self.pd, msg.len()) {
                 Ok(mut own) => {
-                    own.bytes_mut(0, msg.len()).copy_from_slice(&msg);
+                    msg.copy_to_slice(own.bytes_mut(0, msg.len()));
                     self.counters.mr_registrations += 1;
                     self.counters.bytes_outside_pool += msg.len() as u64;
                     SendSource::Own(own)
@@ -296,34 +301,36 @@ impl RdmaConnection {
             SendSource::None => None,
             SendSource::Slab(slot) => {
                 let pool = self.send_pool.as_mut().expect("slot came from the pool");
-                pool.bytes_mut(*slot, msg.len()).copy_from_slice(&msg);
+                msg.copy_to_slice(pool.bytes_mut(*slot, msg.len()));
                 self.counters.bytes_outside_pool += msg.len() as u64;
                 Some((pool.lkey(), pool.addr(*slot)))
             }
-            SendSource::Pooled { lkey, bytes } => Some((*lkey, bytes.as_ptr() as u64)),
+            SendSource::Pooled { lkey, addr, .. } => Some((*lkey, *addr)),
             SendSource::Own(own) => Some((own.lkey(), own.addr(0))),
         };
         let oversized = matches!(buf, SendSource::Own(_));
         let inline = matches!(buf, SendSource::None);
-        let sge = match source {
-            Some((lkey, addr)) => Some(Sge { addr, len: len as u32, lkey }),
-            // Inline: the provider copies the bytes during the post (no key needed).
-            None => {
-                (!msg.is_empty()).then(|| Sge { addr: msg.as_ptr() as u64, len: msg.len() as u32, lkey: 0 })
-            }
-        };
+        // Inline: the provider copies the bytes during the post (no key needed); their SGEs are
+        // filled in then, from the `Batched` entry that holds them (see `Batched::wr`).
+        let sge = source.map(|(lkey, addr)| Sge { addr, len: len as u32, lkey });
         let seq = self.next_seq();
         if inline && self.signaled_sends == 0 && self.unsignaled_run + 1 < self.signal_every {
             self.unsignaled_run += 1;
             self.counters.sends_unsignaled += 1;
-            let wr = SendWr { wr_id: TAG_BIT | seq, op: SendOp::Send { inline: true }, signaled: false, sge };
+            let wr = SendWr {
+                wr_id: TAG_BIT | seq,
+                op: SendOp::Send { inline: true },
+                signaled: false,
+                sge,
+                sge2: None,
+            };
             self.queue_sq(Batched { wr, unsignaled: Some(wr_id), inline_bytes: Some(msg) });
             return Ok(true);
         }
         self.unsignaled_run = 0;
         let key = self.insert_signaled(Op::Send { wr_id: Some(wr_id), buf, seq });
         self.oversized_in_flight |= oversized;
-        let wr = SendWr { wr_id: key, op: SendOp::Send { inline }, signaled: true, sge };
+        let wr = SendWr { wr_id: key, op: SendOp::Send { inline }, signaled: true, sge, sge2: None };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: inline.then_some(msg) });
         Ok(true)
     }
@@ -372,7 +379,7 @@ impl RdmaConnection {
         self.unsignaled_run = 0;
         self.reads_in_flight += 1;
         let op = SendOp::Read { remote_addr: chunk.remote_addr, rkey: chunk.rkey };
-        let wr = SendWr { wr_id: key, op, signaled: true, sge: Some(sge) };
+        let wr = SendWr { wr_id: key, op, signaled: true, sge: Some(sge), sge2: None };
         self.queue_sq(Batched { wr, unsignaled: None, inline_bytes: None });
     }
 
@@ -424,11 +431,13 @@ impl RdmaConnection {
                 // SEND's own buffer or pool memory whose `SendBuf` its `Op::Send` holds, the hello
                 // buffer (kept by the connection past the QP), or a READ destination owned by its
                 // `ReadOp` until every chunk came back; none is written (SEND) or touched (READ)
-                // by Rust code meanwhile. An inline SEND's bytes are only read during the call,
-                // and its `Batched` entry keeps them alive until after it. (Moving a `SendBuf`
-                // into its `Op::Send` or `Batched` never moves its bytes: they are a pool block,
-                // a `Vec`'s heap memory or a `Bytes`' memory.)
-                Some(qp) => unsafe { sys::post_send(qp, self.sq_batch[..n].iter().map(|b| &b.wr)) },
+                // by Rust code meanwhile. (Moving a contiguous `SendBuf` into its `Op::Send`
+                // never moves its bytes: they are a pool block, a `Vec`'s heap memory or a
+                // `Bytes`' memory.) An inline SEND's bytes are only read during the call: its
+                // SGEs name them where its `Batched` entry holds them now (a headed message's
+                // head lies inside the entry), and the borrow of `sq_batch` keeps the entries in
+                // place until after the call.
+                Some(qp) => unsafe { sys::post_send(qp, self.sq_batch[..n].iter().map(Batched::wr)) },
                 None => Err(PostError { posted: 0, error: std::io::Error::other("queue pair destroyed") }),
             };
             let posted = match &result {

@@ -263,7 +263,7 @@ fn create_qp(
         builder
             .setup_max_send_wr(sq)
             .setup_max_recv_wr(rq)
-            .setup_max_send_sge(1)
+            .setup_max_send_sge(2)
             .setup_max_recv_sge(1)
             .setup_max_inline_data(inline)
             .setup_send_cq(Arc::clone(cq))

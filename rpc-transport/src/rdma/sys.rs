@@ -73,6 +73,8 @@ pub(crate) struct SendWr {
     pub(crate) signaled: bool,
     /// `None` for an empty SEND.
     pub(crate) sge: Option<Sge>,
+    /// A second piece after `sge` (only with `sge`): the body of an inline SEND behind its head.
+    pub(crate) sge2: Option<Sge>,
 }
 
 /// A receive work request as plain data.
@@ -104,9 +106,9 @@ fn post_errno(ret: i32) -> io::Error {
 /// (a SEND) or not read nor written by Rust code (a READ destination), until the request's
 /// completion is polled, the QP is destroyed, or, for an unsignaled request, a later request's
 /// completion is polled. Inline data is only read during this call.
-pub(crate) unsafe fn post_send<'a>(
+pub(crate) unsafe fn post_send(
     qp: &BasicQueuePair,
-    wrs: impl ExactSizeIterator<Item = &'a SendWr>,
+    wrs: impl ExactSizeIterator<Item = SendWr>,
 ) -> Result<(), PostError> {
     debug_assert!(wrs.len() <= POST_BATCH);
     let n = wrs.len().min(POST_BATCH);
@@ -114,7 +116,8 @@ pub(crate) unsafe fn post_send<'a>(
         return Ok(());
     }
     let mut raw = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; POST_BATCH];
-    let mut sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; POST_BATCH];
+    // Two per request, side by side: `sge` and `sge2`.
+    let mut sges = [const { [MaybeUninit::<ffi::ibv_sge>::uninit(); 2] }; POST_BATCH];
     for (i, wr) in wrs.take(n).enumerate() {
         let mut flags: u32 = 0;
         if wr.signaled {
@@ -144,8 +147,16 @@ pub(crate) unsafe fn post_send<'a>(
         }
         r.send_flags = flags;
         if let Some(sge) = wr.sge {
-            r.sg_list = sges[i].write(ffi::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey });
+            let pair = &mut sges[i];
+            pair[0].write(ffi::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey });
             r.num_sge = 1;
+            if let Some(more) = wr.sge2 {
+                pair[1].write(ffi::ibv_sge { addr: more.addr, length: more.len, lkey: more.lkey });
+                r.num_sge = 2;
+            }
+            // A pointer to the pair (`MaybeUninit<T>` has `T`'s layout): its first `num_sge`
+            // entries are written.
+            r.sg_list = pair.as_mut_ptr().cast();
         }
     }
     // SAFETY: the loop above initialised the first `n` entries (`wrs` yields `n` items: it is

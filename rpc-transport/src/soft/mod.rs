@@ -201,6 +201,12 @@ impl Soft {
     /// unexpected) until one is posted. A message larger than the receive kills the endpoint.
     /// A dead endpoint refuses the message (`Err` with its death).
     pub(crate) fn deliver(&self, msg: &[u8]) -> Result<(), Death> {
+        self.deliver_parts([msg, &[]])
+    }
+
+    /// [`Soft::deliver`] of a message in two pieces (a head and a body), copied one after the
+    /// other.
+    pub(crate) fn deliver_parts(&self, msg: [&[u8]; 2]) -> Result<(), Death> {
         self.update_or_fail(|st| st.deliver(msg))
     }
 

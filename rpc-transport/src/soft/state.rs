@@ -115,7 +115,7 @@ impl State {
         self.alive()?;
         self.counters.recvs_posted += 1;
         match self.overflow.pop_front() {
-            Some(msg) => self.fill_and_complete(buf, &msg),
+            Some(msg) => self.fill_and_complete(buf, [&msg, &[]]),
             None => {
                 self.posted.push_back(buf);
                 Ok(())
@@ -123,7 +123,7 @@ impl State {
         }
     }
 
-    pub(super) fn deliver(&mut self, msg: &[u8]) -> Result<(), Death> {
+    pub(super) fn deliver(&mut self, msg: [&[u8]; 2]) -> Result<(), Death> {
         self.alive()?;
         match self.posted.pop_front() {
             Some(buf) => self.fill_and_complete(buf, msg),
@@ -133,17 +133,17 @@ impl State {
             ))),
             None => {
                 self.counters.recv_unexpected += 1;
-                self.overflow.push_back(Bytes::copy_from_slice(msg));
+                self.overflow.push_back(Bytes::from(msg.concat()));
                 Ok(())
             }
         }
     }
 
-    fn fill_and_complete(&mut self, mut buf: RecvBuffer, msg: &[u8]) -> Result<(), Death> {
+    fn fill_and_complete(&mut self, mut buf: RecvBuffer, msg: [&[u8]; 2]) -> Result<(), Death> {
         if !buf.fill(msg) {
             return Err(Death::Malformed(format!(
                 "message of {} bytes does not fit the posted receive buffer of {} bytes",
-                msg.len(),
+                msg[0].len() + msg[1].len(),
                 buf.capacity()
             )));
         }

@@ -32,8 +32,8 @@ use crate::SendBuf;
 /// For a batch ([`Outbox::send_batch_now`]), the size of all its payloads.
 pub(crate) const DIRECT_MAX: usize = 64 * 1024;
 
-/// SENDs written by the caller in one vectored system call at most (two pieces each, well under
-/// the kernel's `IOV_MAX`); a larger batch goes to the writer.
+/// SENDs written by the caller in one vectored system call at most (up to three pieces each:
+/// well under the kernel's `IOV_MAX`); a larger batch goes to the writer.
 const DIRECT_BATCH: usize = 64;
 
 /// The frames' way to the writer task, held by the connection and the reader task (the
@@ -166,7 +166,10 @@ impl Outbox {
         let header = wire::encode_send(msg.len() as u32);
         let total = header.len() + msg.len();
         // Would block, or failed: the writer takes it all (and meets the error, if any).
-        let written = stream.try_write_vectored(&[IoSlice::new(&header), IoSlice::new(&msg)]).unwrap_or(0);
+        let [head, body] = msg.parts();
+        let written = stream
+            .try_write_vectored(&[IoSlice::new(&header), IoSlice::new(head), IoSlice::new(body)])
+            .unwrap_or(0);
         if written == total {
             return Direct::Written;
         }
@@ -196,13 +199,18 @@ impl Outbox {
                 for (header, (_, msg)) in headers.iter_mut().zip(frames.iter()) {
                     *header = wire::encode_send(msg.len() as u32);
                 }
-                let mut pieces = [IoSlice::new(&[]); 2 * DIRECT_BATCH];
-                for (i, (header, (_, msg))) in headers.iter().zip(frames.iter()).enumerate() {
-                    pieces[2 * i] = IoSlice::new(header);
-                    pieces[2 * i + 1] = IoSlice::new(msg);
+                let mut pieces = [IoSlice::new(&[]); 3 * DIRECT_BATCH];
+                let mut n = 0;
+                for (header, (_, msg)) in headers.iter().zip(frames.iter()) {
+                    pieces[n] = IoSlice::new(header);
+                    n += 1;
+                    for part in msg.parts().into_iter().filter(|p| !p.is_empty()) {
+                        pieces[n] = IoSlice::new(part);
+                        n += 1;
+                    }
                 }
                 // Would block, or failed: the writer takes them all (and meets the error).
-                stream.try_write_vectored(&pieces[..2 * frames.len()]).unwrap_or(0)
+                stream.try_write_vectored(&pieces[..n]).unwrap_or(0)
             }
             _ => 0,
         };
@@ -419,7 +427,7 @@ mod tests {
         assert!(matches!(out.send_now(SendBuf::from(&b"hi"[..]), || Some(7)), Direct::Queued));
         assert!(rx.inner.lock().busy);
         assert_eq!(rx.poll_recv_many(&mut cx, &mut got, 8), Poll::Ready(1));
-        assert!(matches!(got.last(), Some(Outgoing::Send { op: 7, msg }) if &msg[..] == b"hi"));
+        assert!(matches!(got.last(), Some(Outgoing::Send { op: 7, msg }) if *msg == b"hi"[..]));
     }
 
     /// A connected loopback pair: our outbox over the client's write half (its send buffer
@@ -438,9 +446,17 @@ mod tests {
         (out, rx, server)
     }
 
-    /// SEND frames tagged with their index, payloads of `len` bytes of the index's value.
+    /// SEND frames tagged with their index, payloads of `len` bytes of the index's value: in one
+    /// piece for even indices, a head and a body (`SendBuf::Headed`) for odd ones.
     fn sends(count: usize, len: usize) -> Vec<(usize, SendBuf)> {
-        (0..count).map(|i| (i, SendBuf::from(vec![i as u8; len]))).collect()
+        let msg = |i: usize| match i % 2 {
+            0 => SendBuf::from(vec![i as u8; len]),
+            _ => {
+                let head = len.min(3);
+                SendBuf::headed(&vec![i as u8; head], Bytes::from(vec![i as u8; len - head]))
+            }
+        };
+        (0..count).map(|i| (i, msg(i))).collect()
     }
 
     /// The pending operation of the frame tagged `i`, when it goes to the writer.
@@ -452,7 +468,9 @@ mod tests {
     fn encoded(frames: &[(usize, SendBuf)]) -> Vec<u8> {
         frames
             .iter()
-            .flat_map(|(_, msg)| [&wire::encode_send(msg.len() as u32)[..], &msg[..]].concat())
+            .flat_map(|(_, msg)| {
+                [&wire::encode_send(msg.len() as u32)[..], msg.parts()[0], msg.parts()[1]].concat()
+            })
             .collect()
     }
 
@@ -463,7 +481,7 @@ mod tests {
             match frame {
                 Outgoing::Send { op, msg } => {
                     bytes.extend_from_slice(&wire::encode_send(msg.len() as u32));
-                    bytes.extend_from_slice(msg);
+                    msg.parts().iter().for_each(|p| bytes.extend_from_slice(p));
                     ops.push(*op);
                 }
                 Outgoing::SendRest { op, head, body } => {

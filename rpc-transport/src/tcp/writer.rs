@@ -119,9 +119,17 @@ impl Batch {
     fn payload(&mut self, data: impl Into<SendBuf>) {
         let data = data.into();
         if data.len() < COPY_BELOW {
-            self.copy(&data);
-        } else {
-            self.pieces.push(Piece::Shared(data.into_bytes()));
+            for part in data.parts() {
+                self.copy(part);
+            }
+            return;
+        }
+        match data {
+            SendBuf::Headed { head, body } => {
+                self.copy(head.as_slice());
+                self.pieces.push(Piece::Shared(body));
+            }
+            whole => self.pieces.push(Piece::Shared(whole.into_bytes())),
         }
     }
 
@@ -285,8 +293,9 @@ mod tests {
         }
     }
 
-    /// Writes SENDs of these sizes as one batch through a socket taking `max` bytes per write;
-    /// returns what the socket got, what it should have got, and the number of writes.
+    /// Writes SENDs of these sizes as one batch through a socket taking `max` bytes per write
+    /// (every third one given as a head and a body, `SendBuf::Headed`); returns what the socket
+    /// got, what it should have got, and the number of writes.
     fn write_sends(sizes: &[usize], max: usize) -> (Vec<u8>, Vec<u8>, usize) {
         let payloads: Vec<Vec<u8>> =
             sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect()).collect();
@@ -295,10 +304,13 @@ mod tests {
             want.extend_from_slice(&wire::encode_send(p.len() as u32));
             want.extend_from_slice(p);
         }
-        let frames = payloads
-            .into_iter()
-            .enumerate()
-            .map(|(op, p)| Outgoing::Send { op: op as OpId, msg: SendBuf::from(p) });
+        let frames = payloads.into_iter().enumerate().map(|(op, p)| {
+            let msg = match op % 3 {
+                2 => SendBuf::headed(&p[..p.len().min(5)], Bytes::copy_from_slice(&p[p.len().min(5)..])),
+                _ => SendBuf::from(p),
+            };
+            Outgoing::Send { op: op as OpId, msg }
+        });
         let mut w = Trickle { max, got: Vec::new(), writes: 0 };
         let mut batch = Batch::default();
         let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");

@@ -62,7 +62,7 @@ fn a_client_that_returns_no_credits_is_held_to_a_bounded_number_of_requests() {
         }
         while let Some(op) = server.poll_op() {
             if let Op::Send { frame, .. } = op {
-                client_credits += u32::from(Header::decode(&frame).unwrap().credits);
+                client_credits += u32::from(Header::decode(&frame.into_bytes()).unwrap().credits);
             }
         }
     }

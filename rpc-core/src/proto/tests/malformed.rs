@@ -103,7 +103,9 @@ fn advertised_response_over_the_limit_fails_the_call_and_reports_done() {
     // The client tells the server it is done with that region (a credit frame with `done`).
     let sent: Vec<Op> = std::iter::from_fn(|| p.client.poll_op()).collect();
     let reported = sent.iter().any(|op| match op {
-        Op::Send { frame, .. } => Header::decode(frame).map(|h| h.done == 1).unwrap_or(false),
+        Op::Send { frame, .. } => {
+            Header::decode(&frame.parts().concat()).map(|h| h.done == 1).unwrap_or(false)
+        }
         _ => false,
     });
     assert!(reported, "done reported for the refused region: {sent:?}");

@@ -261,7 +261,7 @@ fn shutting_down_server_refuses_new_calls_and_finishes_old_ones() {
     assert!(!p.server.is_idle(), "not idle while the response's SEND has not completed");
     for op in sent {
         if let Op::Send { wr_id, frame } = op {
-            p.client.handle_recv(&frame, p.now).unwrap();
+            p.client.handle_recv(&frame.into_bytes(), p.now).unwrap();
             p.server.handle_send_complete(wr_id, Ok(())).unwrap();
         }
     }
@@ -292,4 +292,36 @@ fn start_call_checks_ids_and_the_in_flight_bound() {
     assert_eq!(p.client.start_call(1, 1, Bytes::new(), None, p.now), Err(StartError::DuplicateId(1)));
     p.call(2, Bytes::new());
     assert_eq!(p.client.start_call(3, 1, Bytes::new(), None, p.now), Err(StartError::TooManyInFlight(2)));
+}
+
+#[test]
+fn a_frame_the_transport_copies_goes_as_header_and_body_side_by_side() {
+    use rpc_transport::{MemPool, PoolLimits, SendBuf};
+    let cfg = harness::config(T, 16);
+    let now = std::time::Instant::now();
+    let body = payload(600, 3);
+    let sent_as = |copied: u32| {
+        let mut client = ClientProto::new(&cfg, &harness::limits(&cfg), now)
+            .with_pool(MemPool::heap(PoolLimits::default()))
+            .with_copied_sends(copied);
+        client.start_call(1, 7, body.clone(), None, now).unwrap();
+        match client.poll_op() {
+            Some(Op::Send { frame, .. }) => frame,
+            other => panic!("expected the request's SEND, got {other:?}"),
+        }
+    };
+    // Copied by the transport as it is posted (tcp, mem; inline on verbs): the header, then the
+    // body where it lies; nothing assembled.
+    let frame = sent_as(u32::MAX);
+    let SendBuf::Headed { head, body: sent } = &frame else { panic!("not headed: {frame:?}") };
+    assert_eq!(head.as_slice().len(), HEADER_LEN);
+    assert_eq!(sent.as_ptr(), body.as_ptr(), "the body itself, not a copy");
+    let header = Header::decode(&frame.into_bytes()).unwrap();
+    assert_eq!((header.kind, header.body_len as usize), (Kind::Request, body.len()));
+    // Sent from memory the NIC reads (verbs, larger than the inline size): assembled once in a
+    // buffer of the pool.
+    let frame = sent_as(64);
+    assert!(matches!(frame, SendBuf::Owned(_)), "{frame:?}");
+    assert_eq!(frame.len(), HEADER_LEN + body.len());
+    assert_eq!(frame.parts()[0][HEADER_LEN..], body[..]);
 }
