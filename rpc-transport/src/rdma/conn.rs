@@ -308,7 +308,10 @@ impl RdmaConnection {
         self.failed.is_some() && self.sq_signaled == 0 && self.reads.is_empty()
     }
 
-    /// Checks a SEND and queues it behind the others (posted by the next `pump`).
+    /// Checks a SEND and queues it behind the others (posted by the next `pump`), or, when none
+    /// waits and the send queue has room, builds its work request at once (the common case: the
+    /// message is not moved through the backlog). The work request is posted by the next
+    /// `flush_sq` (the `pump` that follows).
     fn queue_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
         self.check_alive()?;
         let max = self.info.peer_recv_size as usize;
@@ -316,7 +319,14 @@ impl RdmaConnection {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
         }
         self.counters.sends += 1;
-        self.send_backlog.push_back((wr_id, msg));
+        if !self.send_backlog.is_empty() || self.sq_outstanding() >= self.limits.sq_depth {
+            self.send_backlog.push_back((wr_id, msg));
+            return Ok(());
+        }
+        // As `pump` would post it (a SEND that must wait goes back to the backlog).
+        if let Err(e) = self.try_post_send(wr_id, msg) {
+            self.fail(format!("posting a SEND failed: {e}"));
+        }
         Ok(())
     }
 

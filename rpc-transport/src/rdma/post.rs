@@ -251,7 +251,7 @@ impl RdmaConnection {
     /// size caps what we send but never sizes our memory); a message larger than that (up to the
     /// peer's receive size; the protocol never sends one) is copied into a buffer registered for
     /// that SEND alone, one such SEND in flight at a time.
-    fn try_post_send(&mut self, wr_id: WrId, mut msg: SendBuf) -> Result<bool, TransportError> {
+    pub(super) fn try_post_send(&mut self, wr_id: WrId, mut msg: SendBuf) -> Result<bool, TransportError> {
         let fail = |conn: &mut Self, e: TransportError| {
             conn.ready.push_back(Completion::Send { wr_id, result: Err(e.clone_for_completion()) });
             Err(e)
