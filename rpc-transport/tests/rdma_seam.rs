@@ -13,6 +13,8 @@
 //! having run).
 #![cfg(feature = "rdma")]
 
+mod common;
+
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -219,18 +221,7 @@ async fn headed_messages_arrive_whole() {
     let inline = client.info().copied_sends as usize;
     let sizes = [0, 1, inline.saturating_sub(40).max(1), inline + 1, 8000, (64 << 10) - 40];
     for (i, body_len) in sizes.into_iter().enumerate() {
-        let head = [i as u8; 40];
-        let body = Bytes::from(pattern(body_len));
-        let whole = [&head[..], &body[..]].concat();
-        client.post_send(10 + i as u64, SendBuf::headed(&head, body)).unwrap();
-        client.post_send(20 + i as u64, Bytes::from_static(b"between").into()).unwrap();
-        for id in [10 + i as u64, 20 + i as u64] {
-            let (done, result) = send_done(&mut *client).await;
-            assert_eq!(done, id);
-            result.unwrap();
-        }
-        assert_eq!(recv(&mut *server).await, whole, "message of {} + {body_len} bytes", head.len());
-        assert_eq!(recv(&mut *server).await, b"between");
+        common::headed_message_arrives_whole(&mut *client, &mut *server, i as u8, body_len).await;
     }
     assert_eq!(client.counters().recv_unexpected + server.counters().recv_unexpected, 0);
 }

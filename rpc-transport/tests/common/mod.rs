@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_transport::mem::MemFabric;
-use rpc_transport::{Address, Completion, ConnParams, Connection, Listener, ReadError, TransportError};
+use rpc_transport::{
+    Address, Completion, ConnParams, Connection, Listener, ReadError, SendBuf, TransportError,
+};
 
 /// Bound on every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -115,6 +117,30 @@ pub async fn send_ok(conn: &mut dyn Connection, wr_id: u64, msg: &[u8]) {
     let (id, result) = send_done(conn).await;
     assert_eq!(id, wr_id);
     result.expect("send completion");
+}
+
+/// Sends a message as a head of 40 bytes and a body of `body_len` (`SendBuf::Headed`, a gather
+/// list), then one in one piece, and checks that both arrive whole and in order (`tag` marks the
+/// round).
+pub async fn headed_message_arrives_whole(
+    client: &mut dyn Connection,
+    server: &mut dyn Connection,
+    tag: u8,
+    body_len: usize,
+) {
+    let head = [tag; 40];
+    let body = Bytes::from((0..body_len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let whole = [&head[..], &body[..]].concat();
+    let ids = [2 * u64::from(tag), 2 * u64::from(tag) + 1];
+    client.post_send(ids[0], SendBuf::headed(&head, body)).expect("post_send");
+    client.post_send(ids[1], Bytes::from_static(b"between").into()).expect("post_send");
+    for id in ids {
+        let (done, result) = send_done(client).await;
+        assert_eq!(done, id, "send completions in posting order");
+        result.expect("send completion");
+    }
+    assert_eq!(recv(server).await, whole, "message of {} + {body_len} bytes", head.len());
+    assert_eq!(recv(server).await, b"between");
 }
 
 /// Polls until `cond` holds on the connection's counters (they change asynchronously on tcp).
