@@ -53,10 +53,7 @@ impl SendBuf {
     /// longer than [`MAX_HEAD`] is assembled with the body into one buffer instead.
     pub fn headed(head: &[u8], body: Bytes) -> SendBuf {
         if head.len() > MAX_HEAD {
-            let mut whole = BytesMut::with_capacity(head.len() + body.len());
-            whole.extend_from_slice(head);
-            whole.extend_from_slice(&body);
-            return SendBuf::Shared(whole.freeze());
+            return SendBuf::Shared(joined(head, &body));
         }
         let mut bytes = [0u8; MAX_HEAD];
         bytes[..head.len()].copy_from_slice(head);
@@ -113,12 +110,7 @@ impl SendBuf {
         match self {
             SendBuf::Owned(buf) => buf.freeze(),
             SendBuf::Shared(bytes) => bytes,
-            SendBuf::Headed { head, body } => {
-                let mut whole = BytesMut::with_capacity(head.len as usize + body.len());
-                whole.extend_from_slice(head.as_slice());
-                whole.extend_from_slice(&body);
-                whole.freeze()
-            }
+            SendBuf::Headed { head, body } => joined(head.as_slice(), &body),
         }
     }
 
@@ -127,6 +119,14 @@ impl SendBuf {
         let [first, second] = self.parts();
         first.iter().chain(second)
     }
+}
+
+/// `head` then `body`, copied into one new buffer.
+fn joined(head: &[u8], body: &[u8]) -> Bytes {
+    let mut whole = BytesMut::with_capacity(head.len() + body.len());
+    whole.extend_from_slice(head);
+    whole.extend_from_slice(body);
+    whole.freeze()
 }
 
 impl From<Buf> for SendBuf {
