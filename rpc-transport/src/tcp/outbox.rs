@@ -43,6 +43,9 @@ const DIRECT_BATCH: usize = 64;
 /// as three `iovec`s each, 29 ns per frame gathered).
 const COPY_MAX: usize = 1024;
 
+/// A lone SEND frame of at most this many bytes is assembled on the stack for its direct write.
+const SMALL_FRAME: usize = 256;
+
 /// Bytes of payload copied into a gather buffer per write at most (headers, and pieces no
 /// longer than a head, are always copied); larger pieces past this are written from where they
 /// lie.
@@ -253,7 +256,15 @@ impl Outbox {
         };
         let total = 1 + wire::SEND_HEADER + msg.len();
         // Would block, or failed: the writer takes it all (and meets the error, if any).
-        let written = write_gathered::<3>(stream, std::iter::once(&msg));
+        let written = if total <= SMALL_FRAME {
+            // A small call's frame: assembled on the stack, one plain write.
+            let mut frame = [0; SMALL_FRAME];
+            frame[..1 + wire::SEND_HEADER].copy_from_slice(&wire::encode_send(msg.len() as u32));
+            msg.copy_to_slice(&mut frame[1 + wire::SEND_HEADER..total]);
+            stream.try_write(&frame[..total]).unwrap_or(0)
+        } else {
+            write_gathered::<3>(stream, std::iter::once(&msg))
+        };
         if written == total {
             return Direct::Written;
         }
