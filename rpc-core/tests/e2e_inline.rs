@@ -178,6 +178,30 @@ over_all_transports! {
         }
     }
 
+    async fn a_slot_reused_by_a_batch_of_inline_handlers_goes_back_when_the_batch_is_done(kind: Kind) {
+        // One handler slot for the whole server: connection A's batches of inline handlers reuse
+        // it within a poll, and it must be free again for connection B as soon as A is idle.
+        let config = ServerConfig::default().proto(common::proto()).inline_handlers(true).max_concurrent_handlers(1);
+        let server = Server::bind(&kind.bind_addr(), config, ProbeServer::new(ProbeImpl)).await.expect("bind");
+        let addr = server.local_addr().to_string();
+        let connect = || Client::connect(&addr, ClientConfig::default().proto(common::proto()));
+        let a = ProbeClient::new(connect().await.expect("connect A"));
+        let b = ProbeClient::new(connect().await.expect("connect B"));
+        for round in 0..5u64 {
+            let batch = futures::future::join_all((0..32).map(|x| a.quick(round * 100 + x))).await;
+            let want: Vec<u64> = (0..32).map(|x| round * 100 + x + 1).collect();
+            assert_eq!(batch.into_iter().map(Result::unwrap).collect::<Vec<_>>(), want);
+            // B's handler waits, so it runs in a task holding the one slot: it gets the slot
+            // only if A's driver gave it back.
+            let answer = tokio::time::timeout(Duration::from_secs(20), b.waits(1)).await;
+            assert_eq!(answer.expect("B gets the slot once A is idle").unwrap(), 1, "round {round}");
+        }
+        // And A again, while B's slot is back too.
+        assert_eq!(a.quick(1).await.unwrap(), 2);
+        eventually("every handler slot is given back", || server.resources().handlers_running == 0).await;
+        server.shutdown().await;
+    }
+
     async fn a_hand_written_service_with_only_call_is_served(kind: Kind) {
         let config = ServerConfig::default().proto(common::proto());
         let server = Server::bind(&kind.bind_addr(), config, Doubler).await.expect("bind");

@@ -276,6 +276,7 @@ impl Acceptor {
             service: self.service.clone(),
             handler_slots: self.handler_slots.clone(),
             slot_wait: None,
+            spare_slot: None,
             max_handlers: self.config.max_handlers_per_connection,
             inline: self.config.inline_handlers,
             handlers_inline: 0,
@@ -398,6 +399,10 @@ struct ServerDriver {
     /// so no connection starves another).
     handler_slots: Arc<Semaphore>,
     slot_wait: Option<SlotFuture>,
+    /// The slot of a handler that finished inline in this poll, kept for the next handler of
+    /// the same poll while other slots are free (with many requests in one batch, one trip
+    /// through the semaphore per poll instead of one per call); given back when the poll ends.
+    spare_slot: Option<OwnedSemaphorePermit>,
     /// This connection's share of the handler slots.
     max_handlers: usize,
     /// Poll each handler once here before spawning it ([`ServerConfig::inline_handlers`]).
@@ -474,6 +479,14 @@ impl ServerDriver {
 
     /// A server-wide handler slot, at once or when this connection's turn comes.
     fn take_slot(&mut self, cx: &mut Context<'_>) -> Option<OwnedSemaphorePermit> {
+        if let Some(permit) = self.spare_slot.take() {
+            // Reused only while the server has slots free (so no connection waits for one);
+            // at the limit it goes back, to whichever connection waits longest, and this one
+            // queues as before.
+            if self.handler_slots.available_permits() > 0 {
+                return Some(permit);
+            }
+        }
         if self.slot_wait.is_none() {
             match self.handler_slots.clone().try_acquire_owned() {
                 Ok(permit) => return Some(permit),
@@ -536,7 +549,6 @@ impl ServerDriver {
         // inline (a spawned handler's may outlive the call in its task).
         let keep_ctx = self.inline.then(|| ctx.clone());
         self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
-        let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         // The future goes in a box of the connection's (see `future_slot`), with the call's
         // context and the connection's pool (the response is encoded into its registered memory:
         // see `codec::encode`). Building it runs the service's code too (decoding the
@@ -552,7 +564,7 @@ impl ServerDriver {
             Ok(fut) => fut,
             Err(panic) => {
                 self.spare_ctx = keep_ctx;
-                drop(slot);
+                self.ended_here(permit);
                 self.handlers_inline += 1;
                 self.finish_now(call_id, &call, handler_answer(Err(panic)));
                 return;
@@ -567,12 +579,13 @@ impl ServerDriver {
                 // The box is kept for the next handler (it holds nothing of this one any more).
                 self.boxes.give_back(fut);
                 self.spare_ctx = keep_ctx;
-                drop(slot);
+                self.ended_here(permit);
                 self.handlers_inline += 1;
                 self.finish_now(call_id, &call, handler_answer(caught));
                 return;
             }
         }
+        let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         self.handlers_spawned += 1;
         let spawn = self.handlers_spawned;
         let results = self.results_tx.clone();
@@ -583,6 +596,13 @@ impl ServerDriver {
         };
         let handle = tokio::spawn(task.instrument(call.span.clone()));
         self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call, spawn });
+    }
+
+    /// A handler that ran here, in the driver, ended: its slot is kept for the next handler of
+    /// this poll ([`ServerDriver::spare_slot`]).
+    fn ended_here(&mut self, permit: OwnedSemaphorePermit) {
+        self.resources.handlers_running.fetch_sub(1, Ordering::Relaxed);
+        self.spare_slot = Some(permit);
     }
 
     /// Answers a call whose handler ran here, in the driver: its end is read from the clock
@@ -737,6 +757,7 @@ impl ServerDriver {
     }
 
     fn stop(&mut self) {
+        self.spare_slot = None;
         self.publish_stats();
         for (_, running) in self.handlers.drain() {
             running.abort.abort();
@@ -794,11 +815,13 @@ impl Future for ServerDriver {
                     if worked || this.polls % STATS_EVERY == 0 {
                         this.publish_stats();
                     }
+                    this.spare_slot = None;
                     return Poll::Pending;
                 }
             }
         }
         this.publish_stats();
+        this.spare_slot = None;
         cx.waker().wake_by_ref();
         Poll::Pending
     }
