@@ -275,23 +275,38 @@ impl fmt::Debug for Context {
 
 impl Context {
     /// A call's context, in the memory of `spare` (the context of an earlier call) if nothing
-    /// else holds it any more (no allocation); else a new one.
+    /// else holds it any more (no allocation, and `peer` not cloned again if it is the one
+    /// `spare` has: a connection's calls share it); else a new one.
     pub(crate) fn new_in(
         spare: Option<Context>,
         method: &'static str,
         method_id: MethodId,
         call_id: u64,
-        peer: Arc<str>,
+        peer: &Arc<str>,
         deadline: Option<tokio::time::Instant>,
         metadata: Metadata,
     ) -> Context {
         if let Some(mut ctx) = spare {
             if let Some(inner) = Arc::get_mut(&mut ctx.inner) {
-                *inner = Inner { method, method_id, call_id, peer, deadline, metadata };
+                if !Arc::ptr_eq(&inner.peer, peer) {
+                    inner.peer = peer.clone();
+                }
+                inner.method = method;
+                inner.method_id = method_id;
+                inner.call_id = call_id;
+                inner.deadline = deadline;
+                inner.metadata = metadata;
                 return ctx;
             }
         }
+        let peer = peer.clone();
         Context { inner: Arc::new(Inner { method, method_id, call_id, peer, deadline, metadata }) }
+    }
+
+    /// Where its state lives (tests of its reuse).
+    #[cfg(test)]
+    pub(crate) fn addr(&self) -> *const () {
+        Arc::as_ptr(&self.inner).cast()
     }
 
     /// The method, as `"Service.method"` (`"unknown"` for an id the server does not have).
@@ -354,6 +369,13 @@ pub(crate) struct Handler {
     pool: rpc_transport::MemPool,
 }
 
+impl Handler {
+    /// The context and pool, for the connection's next handler.
+    pub(crate) fn into_parts(self) -> (Context, rpc_transport::MemPool) {
+        (self.ctx, self.pool)
+    }
+}
+
 tokio::task_local! {
     static CURRENT: Handler;
 }
@@ -373,7 +395,8 @@ pub fn current() -> Option<Context> {
 /// The current call's context, for handlers that take `ctx: rpc_core::Context` (a detached one,
 /// with no deadline or metadata, when the service is called outside a server).
 pub fn current_or_detached() -> Context {
-    current().unwrap_or_else(|| Context::new_in(None, "detached", 0, 0, Arc::from(""), None, Metadata::new()))
+    current()
+        .unwrap_or_else(|| Context::new_in(None, "detached", 0, 0, &Arc::from(""), None, Metadata::new()))
 }
 
 /// A fresh trace id: 16 hex digits, unique enough to tell traces apart: a per-process seed (the
@@ -402,17 +425,19 @@ mod tests {
     #[test]
     fn a_context_nothing_else_holds_is_reused_in_place() {
         let peer: Arc<str> = Arc::from("peer");
-        let first = Context::new_in(None, "S.a", 1, 1, peer.clone(), None, Metadata::new());
+        let first = Context::new_in(None, "S.a", 1, 1, &peer, None, Metadata::new());
         let at = Arc::as_ptr(&first.inner);
         let md = Metadata::new().with("k", "v").unwrap();
-        let second = Context::new_in(Some(first), "S.b", 2, 2, peer.clone(), None, md);
+        let second = Context::new_in(Some(first), "S.b", 2, 2, &peer, None, md);
         assert_eq!(Arc::as_ptr(&second.inner), at, "the same memory");
+        assert_eq!(Arc::strong_count(&peer), 2, "the peer is kept, not cloned again");
+        assert_eq!(second.peer(), "peer");
         assert_eq!((second.method(), second.method_id(), second.call_id()), ("S.b", 2, 2));
         assert_eq!(second.metadata().get("k"), Some("v"));
         // A clone kept elsewhere (a handler that spawned work with it): a new one, the kept one
         // unchanged.
         let kept = second.clone();
-        let third = Context::new_in(Some(second), "S.c", 3, 3, peer, None, Metadata::new());
+        let third = Context::new_in(Some(second), "S.c", 3, 3, &peer, None, Metadata::new());
         assert_ne!(Arc::as_ptr(&third.inner), at);
         assert_eq!((kept.call_id(), third.call_id()), (2, 3));
     }

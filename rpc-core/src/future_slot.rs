@@ -4,10 +4,11 @@
 //!
 //! The box holds the whole handler as the server runs it: the service's future with the call's
 //! context and the connection's pool set around it, its panics caught. When the handler
-//! finishes, everything it held is dropped at once (the call's context, the pool, what the
-//! future kept) and the empty box goes back to the connection; the next future of the same size
-//! and alignment is written into it. A handler that waits takes its box into its task and sends
-//! it back with its answer.
+//! finishes, what the future kept is dropped at once and the empty box goes back to the
+//! connection; the next future of the same size and alignment is written into it. The call's
+//! context and the pool come back with the box ([`HandlerBoxes::give_back`]), for the next call
+//! (no reference count taken and dropped per call). A handler that waits takes its box into its
+//! task and sends it back with its answer.
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -16,9 +17,11 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::task::{Context, Poll};
 
+use std::pin::Pin;
+
 use bytes::Bytes;
-use futures::FutureExt;
 use rpc_transport::MemPool;
+use tokio::task::futures::TaskLocalFuture;
 use tokio_util::sync::ReusableBoxFuture;
 
 use crate::context;
@@ -26,6 +29,10 @@ use crate::error::ServiceError;
 
 /// What a handler ends with: the service's answer, or the payload of its panic.
 pub(crate) type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
+
+/// What the boxed future ends with: the service's answer and the context and pool it ran with
+/// (`None` if it panicked: they went with it), or the payload of its panic.
+type Ended = Result<(Result<Bytes, ServiceError>, Option<context::Handler>), Box<dyn Any + Send>>;
 
 /// The most empty boxes a connection keeps: enough for a service whose methods' futures have
 /// a few different layouts, called in turn. A box is as large as the largest future made in it
@@ -58,21 +65,49 @@ impl FutureSlot<'_> {
     where
         F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,
     {
-        // `fuse`: the handler's captures, context and pool are dropped as soon as it finishes,
-        // not when its box is next used.
-        let handler = AssertUnwindSafe(self.ctx.scope(self.pool, future)).catch_unwind().fuse();
-        self.boxes.place(handler)
+        self.boxes.place(Run { scoped: Some(self.ctx.scope(self.pool, future)) })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A handler as the server runs it: the service's future in the task-local scope of its
+    /// context and pool, its panics caught. What it holds is dropped as soon as it finishes
+    /// (a panic included), not when its box is next used; the context and pool are then taken
+    /// back out of the scope.
+    struct Run<F> {
+        #[pin]
+        scoped: Option<TaskLocalFuture<context::Handler, F>>,
+    }
+}
+
+impl<F: Future<Output = Result<Bytes, ServiceError>>> Future for Run<F> {
+    type Output = Ended;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Ended> {
+        let mut this = self.project();
+        // Not polled again once ended (`ServiceFuture::poll` sees to it).
+        let Some(mut scoped) = this.scoped.as_mut().as_pin_mut() else { return Poll::Pending };
+        let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| scoped.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            // The scope dropped the service's future (inside the scope) as it finished.
+            Ok(Poll::Ready(answer)) => Ok((answer, scoped.take_value())),
+            Err(panic) => Err(panic),
+        };
+        this.scoped.set(None);
+        Poll::Ready(ended)
     }
 }
 
 /// A call's future in the box a [`FutureSlot`] lent: what
 /// [`Service::call_in`](crate::Service::call_in) returns, for the server to run.
 pub struct ServiceFuture {
-    boxed: ReusableBoxFuture<'static, Caught>,
+    boxed: ReusableBoxFuture<'static, Ended>,
     /// The layout of the future written in the box (the box's size and alignment).
     layout: Layout,
     /// Whether the future finished (its box then holds nothing of it).
     done: bool,
+    /// The context and pool the finished handler ran with.
+    handler: Option<context::Handler>,
 }
 
 impl fmt::Debug for ServiceFuture {
@@ -87,9 +122,12 @@ impl ServiceFuture {
         if self.done {
             return Poll::Pending;
         }
-        let polled = self.boxed.poll(cx);
-        self.done = polled.is_ready();
-        polled
+        let ended = std::task::ready!(self.boxed.poll(cx));
+        self.done = true;
+        Poll::Ready(ended.map(|(answer, handler)| {
+            self.handler = handler;
+            answer
+        }))
     }
 }
 
@@ -98,7 +136,7 @@ impl ServiceFuture {
 /// made.
 #[derive(Debug, Default)]
 pub(crate) struct HandlerBoxes {
-    spares: Vec<(Layout, ReusableBoxFuture<'static, Caught>)>,
+    spares: Vec<(Layout, ReusableBoxFuture<'static, Ended>)>,
     made: u64,
 }
 
@@ -117,7 +155,7 @@ impl HandlerBoxes {
     #[inline(always)]
     fn place<F>(&mut self, future: F) -> ServiceFuture
     where
-        F: Future<Output = Caught> + Send + 'static,
+        F: Future<Output = Ended> + Send + 'static,
     {
         let layout = Layout::new::<F>();
         let mut future = future;
@@ -125,25 +163,27 @@ impl HandlerBoxes {
         if let Some(i) = self.spares.iter().position(|(l, _)| *l == layout) {
             let (_, mut boxed) = self.spares.remove(i);
             match boxed.try_set(future) {
-                Ok(()) => return ServiceFuture { boxed, layout, done: false },
+                Ok(()) => return ServiceFuture { boxed, layout, done: false, handler: None },
                 // Not with the layout checked above; boxed anew below.
                 Err(back) => future = back,
             }
         }
         self.made += 1;
-        ServiceFuture { boxed: ReusableBoxFuture::new(future), layout, done: false }
+        ServiceFuture { boxed: ReusableBoxFuture::new(future), layout, done: false, handler: None }
     }
 
     /// Keeps the box of a finished handler for a later one (one that has not finished is
-    /// dropped: its box still holds it).
-    pub(crate) fn give_back(&mut self, fut: ServiceFuture) {
+    /// dropped: its box still holds it), and returns the context and pool it ran with (`None`
+    /// if it did not finish, or panicked).
+    pub(crate) fn give_back(&mut self, fut: ServiceFuture) -> Option<(context::Context, MemPool)> {
         if !fut.done {
-            return;
+            return None;
         }
         if self.spares.len() == SPARE_BOXES {
             self.spares.remove(0);
         }
         self.spares.push((fut.layout, fut.boxed));
+        fut.handler.map(context::Handler::into_parts)
     }
 }
 
@@ -154,7 +194,7 @@ mod tests {
     use super::*;
 
     fn ctx() -> context::Context {
-        context::Context::new_in(None, "T.m", 1, 1, Arc::from("peer"), None, context::Metadata::new())
+        context::Context::new_in(None, "T.m", 1, 1, &Arc::from("peer"), None, context::Metadata::new())
     }
 
     fn pool() -> MemPool {
@@ -255,7 +295,44 @@ mod tests {
         assert_eq!(Arc::strong_count(&held), 2);
         assert_eq!(run(&mut fut).unwrap().unwrap(), Bytes::from_static(b"T.m"));
         assert_eq!(Arc::strong_count(&held), 1, "the future's captures are dropped when it finishes");
-        boxes.give_back(fut);
+        assert!(boxes.give_back(fut).is_some());
         assert_eq!(boxes.spares.len(), 1);
+    }
+
+    #[test]
+    fn a_finished_handler_gives_back_its_context_and_pool_and_a_panicked_one_does_not() {
+        let mut boxes = HandlerBoxes::default();
+        let (c, p) = (ctx(), pool());
+        let mut fut = boxes.slot(c, p.clone()).put(async { Ok(Bytes::new()) });
+        assert!(run(&mut fut).is_ok());
+        let (mut c, back) = boxes.give_back(fut).expect("a finished handler's context and pool");
+        let buf = p.alloc(64).unwrap().freeze();
+        assert!(back.contains(&buf), "the connection's pool");
+        // Nothing else holds the context: the next call's is written in its memory.
+        let at = c.addr();
+        let next =
+            context::Context::new_in(Some(c), "T.n", 2, 2, &Arc::from("peer"), None, Default::default());
+        assert_eq!(next.addr(), at);
+        assert_eq!(next.method(), "T.n");
+        c = next;
+        // A handler that kept a clone: its context comes back, shared (the next call's is new).
+        let (kept_tx, kept_rx) = std::sync::mpsc::channel();
+        let mut fut = boxes.slot(c, back).put(async move {
+            kept_tx.send(context::current()).unwrap();
+            Ok(Bytes::new())
+        });
+        assert!(run(&mut fut).is_ok());
+        let (c, _) = boxes.give_back(fut).expect("a finished handler's context and pool");
+        let kept = kept_rx.recv().unwrap().expect("the context was current");
+        assert_eq!(kept.call_id(), c.call_id());
+        // A handler that panicked: its context and pool went with it; an unfinished one keeps them.
+        let boom = async {
+            panic!("a handler that panics (expected by this test)");
+        };
+        let mut fut = boxes.slot(c, pool()).put(boom);
+        assert!(run(&mut fut).is_err());
+        assert!(boxes.give_back(fut).is_none());
+        let pending = boxes.slot(ctx(), pool()).put(futures::future::pending());
+        assert!(boxes.give_back(pending).is_none());
     }
 }

@@ -113,22 +113,16 @@ impl CallSlots {
     /// the pass that delivers it: it looks at its slot next). Returns false if the caller has
     /// gone (its slot was given back).
     pub(crate) fn complete(&self, call_id: u64, result: CallResult, at: Instant, wake: bool) -> bool {
-        let waker = {
-            let mut inner = self.lock();
-            let Some(slot) = key_of(call_id).and_then(|k| inner.slots.get_mut(k)) else { return false };
-            match slot {
-                Slot::Waiting { call_id: id, waker } if *id == call_id => {
-                    let waker = waker.take();
-                    *slot = Slot::Done { call_id, result, at };
-                    waker
-                }
-                _ => return false,
-            }
-        };
-        if let Some(w) = waker.filter(|_| wake) {
-            w.wake();
-        }
-        true
+        let mut wakers = Vec::new();
+        let mut slots = self.completer(&mut wakers);
+        slots.complete(call_id, result, at, wake)
+    }
+
+    /// Delivers several results under one lock ([`Completer::complete`] each); their callers
+    /// are woken when the completer is dropped, after the lock is released. `wakers` is the
+    /// driver's, kept from one batch to the next (empty when this returns).
+    pub(crate) fn completer<'a>(&'a self, wakers: &'a mut Vec<Waker>) -> Completer<'a> {
+        Completer { inner: Some(self.lock()), wakers }
     }
 
     /// The caller gave up on call `call_id` (its future was dropped): frees the slot. Returns
@@ -159,6 +153,40 @@ impl CallSlots {
         }
         for w in wakers {
             w.wake();
+        }
+    }
+}
+
+/// A batch of results being delivered ([`CallSlots::completer`]).
+pub(crate) struct Completer<'a> {
+    inner: Option<MutexGuard<'a, Inner>>,
+    wakers: &'a mut Vec<Waker>,
+}
+
+impl Completer<'_> {
+    /// [`CallSlots::complete`], the caller woken when the batch ends.
+    pub(crate) fn complete(&mut self, call_id: u64, result: CallResult, at: Instant, wake: bool) -> bool {
+        let Some(inner) = self.inner.as_mut() else { return false };
+        let Some(slot) = key_of(call_id).and_then(|k| inner.slots.get_mut(k)) else { return false };
+        match slot {
+            Slot::Waiting { call_id: id, waker } if *id == call_id => {
+                let waker = waker.take();
+                *slot = Slot::Done { call_id, result, at };
+                self.wakers.extend(waker.filter(|_| wake));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for Completer<'_> {
+    fn drop(&mut self) {
+        drop(self.inner.take());
+        if !self.wakers.is_empty() {
+            for waker in self.wakers.drain(..) {
+                waker.wake();
+            }
         }
     }
 }
@@ -209,6 +237,41 @@ mod tests {
         assert!(!slots.abandon(first));
         assert!(slots.complete(second, ok(2), Instant::now(), true));
         assert!(!slots.abandon(second), "already done: nothing to cancel");
+    }
+
+    #[test]
+    fn a_batch_of_results_wakes_its_callers_after_the_lock_is_released() {
+        let slots = CallSlots::default();
+        let callers: Vec<_> = (0..3).map(|_| CountWakes::waker()).collect();
+        let ids: Vec<u64> = callers
+            .iter()
+            .map(|(_, waker)| {
+                let id = slots.open().unwrap();
+                assert!(slots.poll_result(id, &mut Context::from_waker(waker)).is_pending());
+                id
+            })
+            .collect();
+        let gone = slots.open().unwrap();
+        assert!(slots.abandon(gone));
+        let mut wakers = Vec::new();
+        let mut batch = slots.completer(&mut wakers);
+        assert!(batch.complete(ids[0], ok(0), Instant::now(), true));
+        // The caller that runs the pass itself is not woken.
+        assert!(batch.complete(ids[1], ok(1), Instant::now(), false));
+        assert!(batch.complete(ids[2], ok(2), Instant::now(), true));
+        assert!(!batch.complete(gone, ok(9), Instant::now(), true), "a caller that has gone gets nothing");
+        assert!(slots.inner.try_lock().is_err(), "the whole batch under one lock");
+        assert_eq!(callers.iter().map(|(w, _)| w.count()).sum::<usize>(), 0, "nobody woken under the lock");
+        drop(batch);
+        let woken: Vec<usize> = callers.iter().map(|(w, _)| w.count()).collect();
+        assert_eq!(woken, [1, 0, 1]);
+        assert!(wakers.is_empty(), "the driver's list is left empty for the next batch");
+        for (n, (id, (_, waker))) in ids.iter().zip(&callers).enumerate() {
+            match slots.poll_result(*id, &mut Context::from_waker(waker)) {
+                Poll::Ready((Ok((b, _)), _)) => assert_eq!(&b[..], &[n as u8]),
+                other => panic!("expected the result, got {other:?}"),
+            }
+        }
     }
 
     #[test]

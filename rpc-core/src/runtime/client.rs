@@ -426,6 +426,7 @@ async fn open(
         commands: rx,
         taken: VecDeque::with_capacity(driver::COMPLETION_BATCH),
         slots: slots.clone(),
+        wakers: Vec::new(),
         scratch: driver::Scratch::new(),
         sleep: driver::Timer::new(),
         closing: false,
@@ -505,6 +506,8 @@ struct ClientDriver {
     taken: VecDeque<Command>,
     /// Where results go: the slot of each call (the proto knows which calls are in progress).
     slots: Arc<CallSlots>,
+    /// The callers a batch of results wakes (kept from one batch to the next).
+    wakers: Vec<Waker>,
     scratch: driver::Scratch,
     sleep: driver::Timer,
     closing: bool,
@@ -586,15 +589,27 @@ impl ClientDriver {
     }
 
     fn deliver_events(&mut self) {
-        while let Some(ClientEvent::Completed { call_id, result, info }) = self.proto.poll_event() {
+        let Some(mut event) = self.proto.poll_event() else { return };
+        // The batch's results go into their slots under one lock; their callers are woken
+        // when it is released.
+        let mut wakers = std::mem::take(&mut self.wakers);
+        let mut slots = self.slots.completer(&mut wakers);
+        loop {
+            let ClientEvent::Completed { call_id, result, info } = event;
             // This wake-up's reading (taken already to handle the response that ended the call).
             let at = self.scratch.clock.now();
             // A caller that has gone (its cancel not yet taken) gets nothing; one running this
             // pass looks at its slot after it.
             let wake = self.quiet != Some(call_id);
             self.cut_short |= !wake && self.may_cut_short;
-            self.slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
+            slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
+            match self.proto.poll_event() {
+                Some(next) => event = next,
+                None => break,
+            }
         }
+        drop(slots);
+        self.wakers = wakers;
     }
 
     fn fail(&mut self, fatal: Fatal) {

@@ -134,9 +134,12 @@ impl Drop for Server {
 pub struct ServerResources {
     /// Connections open (at most `max_connections`).
     pub open_connections: usize,
-    /// Handler tasks running (at most `max_concurrent_handlers`).
+    /// Handler tasks running (at most `max_concurrent_handlers`). A handler that finishes in
+    /// its first poll, inline in its connection's driver ([`ServerConfig::inline_handlers`]),
+    /// never becomes a task and is not counted.
     pub handlers_running: usize,
-    /// Requests received and waiting for a handler slot or for rendezvous budget.
+    /// Requests received and waiting for a handler slot or for rendezvous budget (updated once
+    /// per round of each connection's driver).
     pub requests_waiting: usize,
     /// Rendezvous bytes held over all connections (bounded by `max_rendezvous_bytes`, plus
     /// one payload that proceeds alone).
@@ -202,11 +205,20 @@ struct MethodTable {
     unknown: Arc<ServerMethod>,
 }
 
+/// Where a method's name and metric handles are in its server's [`MethodTable`]: a call keeps
+/// this rather than a reference count on them (no atomic update per call).
+#[derive(Debug, Clone, Copy)]
+struct MethodIx(Option<u32>);
+
 impl MethodTable {
-    fn get(&self, id: MethodId) -> Arc<ServerMethod> {
-        match self.methods.binary_search_by_key(&id, |(m, _)| *m) {
-            Ok(i) => self.methods[i].1.clone(),
-            Err(_) => self.unknown.clone(),
+    fn index(&self, id: MethodId) -> MethodIx {
+        MethodIx(self.methods.binary_search_by_key(&id, |(m, _)| *m).ok().and_then(|i| u32::try_from(i).ok()))
+    }
+
+    fn get(&self, ix: MethodIx) -> &ServerMethod {
+        match ix.0.and_then(|i| self.methods.get(i as usize)) {
+            Some((_, m)) => m,
+            None => &self.unknown,
         }
     }
 }
@@ -282,6 +294,7 @@ impl Acceptor {
             handlers_inline: 0,
             handlers_spawned: 0,
             waiting: VecDeque::new(),
+            waiting_published: 0,
             resources: self.resources.clone(),
             _open: OpenConnection::new(self.resources.clone()),
             handlers: HashMap::new(),
@@ -297,7 +310,7 @@ impl Acceptor {
             stats_slot: self.board.slot(),
             polls: 0,
             boxes: HandlerBoxes::default(),
-            spare_ctx: None,
+            spare_handler: None,
         };
         connections.spawn(driver.instrument(span));
     }
@@ -373,7 +386,7 @@ struct Running {
 /// What a call's end reports (its `call` span, event and metrics).
 struct CallReport {
     method: MethodId,
-    name: Arc<ServerMethod>,
+    name: MethodIx,
     span: tracing::Span,
     arrived: tokio::time::Instant,
     request_bytes: usize,
@@ -381,9 +394,16 @@ struct CallReport {
 
 impl CallReport {
     /// Reports the call's end at `now` (read once per batch of events by the caller).
-    fn done(&self, now: tokio::time::Instant, response: Option<(usize, Path)>, outcome: ServerOutcome) {
+    fn done(
+        &self,
+        names: &MethodTable,
+        now: tokio::time::Instant,
+        response: Option<(usize, Path)>,
+        outcome: ServerOutcome,
+    ) {
         let elapsed = now.saturating_duration_since(self.arrived);
-        observe::server_call_done(&self.span, &self.name, self.request_bytes, response, elapsed, outcome);
+        let name = names.get(self.name);
+        observe::server_call_done(&self.span, name, self.request_bytes, response, elapsed, outcome);
     }
 }
 
@@ -414,6 +434,8 @@ struct ServerDriver {
     /// Requests waiting for a slot or for rendezvous budget, in arrival order (bounded by the
     /// protocol's calls in flight).
     waiting: VecDeque<Waiting>,
+    /// How many of `waiting` the server-wide count has (see `publish_waiting`).
+    waiting_published: u64,
     resources: Arc<Resources>,
     _open: OpenConnection,
     /// Running handlers: their method (to learn its response size), abort handle and span.
@@ -437,9 +459,9 @@ struct ServerDriver {
     polls: u64,
     /// The boxes of finished handlers, emptied, for the next ones' futures.
     boxes: HandlerBoxes,
-    /// The context of the last handler that finished inline, for the next one (reused if the
-    /// handler kept no clone of it).
-    spare_ctx: Option<context::Context>,
+    /// The context and pool of the last handler that finished, for the next one (the context
+    /// is reused if the handler kept no clone of it).
+    spare_handler: Option<(context::Context, rpc_transport::MemPool)>,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -465,7 +487,6 @@ impl ServerDriver {
             }
             let Some(permit) = self.take_slot(cx) else { break };
             let Some(req) = self.waiting.pop_front() else { break };
-            self.resources.requests_waiting.fetch_sub(1, Ordering::Relaxed);
             self.start_handler(req, permit);
             started = true;
         }
@@ -510,10 +531,11 @@ impl ServerDriver {
     /// it finishes), else (or if it waits) spawned as a task that sends its result back.
     fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
-        let name = self.names.get(method);
+        let name = self.names.index(method);
+        let method_name = self.names.get(name).name;
         let span = tracing::debug_span!(
             "call",
-            method = %name.name,
+            method = %method_name,
             call_id,
             peer = %self.peer,
             %path,
@@ -526,7 +548,7 @@ impl ServerDriver {
             Err(e) => {
                 // Answered at once, without a handler (the slot goes back when `permit` drops).
                 let err = WireError::new(WireErrorCode::BadRequest, format!("metadata: {e}"));
-                call.done(arrived, None, ServerOutcome::Failed(err.code));
+                call.done(&self.names, arrived, None, ServerOutcome::Failed(err.code));
                 self.proto.respond(call_id, Err(err));
                 return;
             }
@@ -535,25 +557,16 @@ impl ServerDriver {
             call.span.record("trace_id", tracing::field::display(trace));
         }
         let deadline = timeout.and_then(|t| arrived.checked_add(t));
-        let spare_ctx = self.spare_ctx.take();
-        let ctx = context::Context::new_in(
-            spare_ctx,
-            call.name.name,
-            method,
-            call_id,
-            self.peer.clone(),
-            deadline,
-            metadata,
-        );
-        // A second reference, to reuse the context for the next call if this one finishes
-        // inline (a spawned handler's may outlive the call in its task).
-        let keep_ctx = self.inline.then(|| ctx.clone());
-        self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
+        let (spare_ctx, pool) = match self.spare_handler.take() {
+            Some((ctx, pool)) => (Some(ctx), pool),
+            None => (None, self.conn.pool().clone()),
+        };
+        let ctx =
+            context::Context::new_in(spare_ctx, method_name, method, call_id, &self.peer, deadline, metadata);
         // The future goes in a box of the connection's (see `future_slot`), with the call's
         // context and the connection's pool (the response is encoded into its registered memory:
         // see `codec::encode`). Building it runs the service's code too (decoding the
         // arguments): a panic there is answered like one in the handler.
-        let pool = self.conn.pool().clone();
         let (service, boxes) = (&self.service, &mut self.boxes);
         let built = call.span.in_scope(|| {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -563,7 +576,6 @@ impl ServerDriver {
         let mut fut = match built {
             Ok(fut) => fut,
             Err(panic) => {
-                self.spare_ctx = keep_ctx;
                 self.ended_here(permit);
                 self.handlers_inline += 1;
                 self.finish_now(call_id, &call, handler_answer(Err(panic)));
@@ -576,15 +588,18 @@ impl ServerDriver {
             // to polls it again at once and registers its own waker.
             let mut noop = Context::from_waker(futures::task::noop_waker_ref());
             if let Poll::Ready(caught) = call.span.in_scope(|| fut.poll(&mut noop)) {
-                // The box is kept for the next handler (it holds nothing of this one any more).
-                self.boxes.give_back(fut);
-                self.spare_ctx = keep_ctx;
+                // The box, context and pool are kept for the next handler (the box holds
+                // nothing of this one any more).
+                self.spare_handler = self.boxes.give_back(fut);
                 self.ended_here(permit);
                 self.handlers_inline += 1;
                 self.finish_now(call_id, &call, handler_answer(caught));
                 return;
             }
         }
+        // Counted as running from here: a handler that finished inline above started and
+        // ended within this poll.
+        self.resources.handlers_running.fetch_add(1, Ordering::Relaxed);
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         self.handlers_spawned += 1;
         let spawn = self.handlers_spawned;
@@ -601,7 +616,6 @@ impl ServerDriver {
     /// A handler that ran here, in the driver, ended: its slot is kept for the next handler of
     /// this poll ([`ServerDriver::spare_slot`]).
     fn ended_here(&mut self, permit: OwnedSemaphorePermit) {
-        self.resources.handlers_running.fetch_sub(1, Ordering::Relaxed);
         self.spare_slot = Some(permit);
     }
 
@@ -626,9 +640,9 @@ impl ServerDriver {
                 self.estimates.observe(call.method, bytes.len() as u64);
                 let path =
                     if bytes.len() <= self.proto.eager_limit() { Path::Eager } else { Path::Rendezvous };
-                call.done(now, Some((bytes.len(), path)), ServerOutcome::Ok);
+                call.done(&self.names, now, Some((bytes.len(), path)), ServerOutcome::Ok);
             }
-            Err(e) => call.done(now, None, ServerOutcome::Failed(e.code)),
+            Err(e) => call.done(&self.names, now, None, ServerOutcome::Failed(e.code)),
         }
         self.proto.respond(call_id, result);
     }
@@ -637,7 +651,6 @@ impl ServerDriver {
         while let Some(event) = self.proto.poll_event() {
             match event {
                 ServerEvent::Request { call_id, method, payload, path, metadata, timeout } => {
-                    self.resources.requests_waiting.fetch_add(1, Ordering::Relaxed);
                     let arrived = self.scratch.clock.now();
                     self.waiting.push_back(Waiting {
                         call_id,
@@ -656,11 +669,10 @@ impl ServerDriver {
                             CancelReason::Cancelled => ServerOutcome::Cancelled,
                             CancelReason::DeadlineExceeded => ServerOutcome::DeadlineExceeded,
                         };
-                        running.call.done(self.scratch.clock.now(), None, outcome);
+                        running.call.done(&self.names, self.scratch.clock.now(), None, outcome);
                     } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
                         tracing::debug!(call_id, ?reason, "dropping a request that waited for a handler");
                         self.waiting.remove(i);
-                        self.resources.requests_waiting.fetch_sub(1, Ordering::Relaxed);
                     }
                 }
             }
@@ -672,7 +684,9 @@ impl ServerDriver {
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, spawn, result, fut))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            self.boxes.give_back(fut);
+            if let Some(spare) = self.boxes.give_back(fut) {
+                self.spare_handler = Some(spare);
+            }
             // One lookup: the entry is taken only if it is this spawn's.
             if let Entry::Occupied(entry) = self.handlers.entry(call_id) {
                 if entry.get().spawn == spawn {
@@ -735,6 +749,7 @@ impl ServerDriver {
         }
         // The answers are out: now the receive their requests came in is replaced.
         driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
+        self.publish_waiting();
         if progressed {
             // What progressed may have moved a timeout (see `Timer`).
             self.sleep.stale();
@@ -761,7 +776,7 @@ impl ServerDriver {
         self.publish_stats();
         for (_, running) in self.handlers.drain() {
             running.abort.abort();
-            running.call.done(tokio::time::Instant::now(), None, ServerOutcome::Disconnected);
+            running.call.done(&self.names, tokio::time::Instant::now(), None, ServerOutcome::Disconnected);
         }
         self.drop_waiting();
         self.proto.fail_all();
@@ -885,9 +900,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ServerDriver {
     fn drop_waiting(&mut self) {
-        let n = self.waiting.len() as u64;
         self.waiting.clear();
-        self.resources.requests_waiting.fetch_sub(n, Ordering::Relaxed);
+        self.publish_waiting();
+    }
+
+    /// Brings the server-wide count of waiting requests up to date with this connection's
+    /// queue: once per round, not per request (a request that arrives and starts in the same
+    /// round never shows there, nor costs an atomic update).
+    fn publish_waiting(&mut self) {
+        let now = self.waiting.len() as u64;
+        let was = std::mem::replace(&mut self.waiting_published, now);
+        if now > was {
+            self.resources.requests_waiting.fetch_add(now - was, Ordering::Relaxed);
+        } else if now < was {
+            self.resources.requests_waiting.fetch_sub(was - now, Ordering::Relaxed);
+        }
     }
 }
 

@@ -143,6 +143,10 @@ impl Connection for MemConnection {
         self.local.post_recv(buf)
     }
 
+    fn post_recv_batch(&mut self, bufs: &mut Vec<RecvBuffer>) -> Result<(), TransportError> {
+        self.local.post_recv_batch(bufs)
+    }
+
     fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
         self.send(wr_id, msg, None)
     }

@@ -197,6 +197,14 @@ impl Soft {
         self.update_or_fail(|st| st.post_recv(buf)).map_err(|d| d.to_error())
     }
 
+    /// [`Soft::post_recv`] of every buffer of `bufs` (drained, in order), under one lock.
+    pub(crate) fn post_recv_batch(&self, bufs: &mut Vec<RecvBuffer>) -> Result<(), TransportError> {
+        if bufs.is_empty() {
+            return Ok(());
+        }
+        self.update_or_fail(|st| crate::take_each(bufs, |buf| st.post_recv(buf))).map_err(|d| d.to_error())
+    }
+
     /// Delivers an incoming message into the next posted receive, or keeps it (counted as
     /// unexpected) until one is posted. A message larger than the receive kills the endpoint.
     /// A dead endpoint refuses the message (`Err` with its death).
@@ -208,6 +216,18 @@ impl Soft {
     /// other.
     pub(crate) fn deliver_parts(&self, msg: [&[u8]; 2]) -> Result<(), Death> {
         self.update_or_fail(|st| st.deliver(msg))
+    }
+
+    /// [`Soft::deliver`] of each message `next` yields, in order, under one lock (and one wake
+    /// of the completion poller for all): `next` is called with the lock held, so it must only
+    /// look at memory. Stops at the first message that kills the endpoint.
+    pub(crate) fn deliver_run<'a>(&self, mut next: impl FnMut() -> Option<&'a [u8]>) -> Result<(), Death> {
+        self.update_or_fail(|st| {
+            while let Some(msg) = next() {
+                st.deliver([msg, &[]])?;
+            }
+            Ok(())
+        })
     }
 
     /// Takes the next posted receive so that a backend can fill it in place; `None` if none is

@@ -169,6 +169,40 @@ fn queued_completion_wakes_the_registered_poller() {
     assert_eq!(counter.0.load(Ordering::SeqCst), 2, "death wakes the poller");
 }
 
+#[test]
+fn a_run_of_messages_and_a_batch_of_receives_go_in_order_under_one_lock_and_one_wake() {
+    let soft = Soft::new(&params(2, 16));
+    let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(counter.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut out = Vec::new();
+    assert!(soft.poll_completions(&mut cx, &mut out, 8).is_pending());
+    // Four messages for two posted receives: two wait (unexpected) until receives come.
+    let mut run = [&b"a"[..], b"b", b"c", b"d"].into_iter();
+    soft.deliver_run(|| run.next()).unwrap();
+    assert_eq!(counter.0.load(Ordering::SeqCst), 1, "one wake for the run");
+    assert_eq!(soft.counters().recv_unexpected, 2);
+    let mut bufs = vec![RecvBuffer::new(16), RecvBuffer::new(16), RecvBuffer::new(16)];
+    soft.post_recv_batch(&mut bufs).unwrap();
+    assert!(bufs.is_empty(), "all posted");
+    assert_eq!(soft.counters().recvs_posted, 5);
+    let (done, _) = drain(&soft);
+    assert_eq!(done.iter().map(recv_bytes).collect::<Vec<_>>(), [b"a", b"b", b"c", b"d"].map(|m| m.to_vec()));
+    // The third receive of the batch stays posted for the next message.
+    soft.deliver(b"e").unwrap();
+    assert_eq!(drain(&soft).0.iter().map(recv_bytes).collect::<Vec<_>>(), vec![b"e".to_vec()]);
+    // A message that does not fit stops the run and kills the endpoint; those before it stay.
+    soft.post_recv_batch(&mut vec![RecvBuffer::new(16), RecvBuffer::new(16)]).unwrap();
+    let mut run = [&b"f"[..], &[0u8; 17][..], b"g"].into_iter();
+    assert!(matches!(soft.deliver_run(|| run.next()), Err(Death::Malformed(_))));
+    assert_eq!(run.next(), Some(&b"g"[..]), "nothing after the bad message is taken");
+    assert!(soft.is_dead());
+    assert!(
+        soft.post_recv_batch(&mut vec![RecvBuffer::new(16)]).is_err(),
+        "a dead endpoint refuses receives"
+    );
+}
+
 /// Wakes a thread parked in [`std::thread::park_timeout`].
 struct ThreadWaker(std::thread::Thread);
 

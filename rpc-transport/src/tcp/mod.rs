@@ -273,6 +273,10 @@ impl Connection for TcpConnection {
         self.soft.post_recv(buf)
     }
 
+    fn post_recv_batch(&mut self, bufs: &mut Vec<RecvBuffer>) -> Result<(), TransportError> {
+        self.soft.post_recv_batch(bufs)
+    }
+
     fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
         self.send(wr_id, msg, None)
     }

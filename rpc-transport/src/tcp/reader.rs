@@ -89,22 +89,26 @@ impl Reader {
     async fn buffered_sends<R: AsyncBufRead + Unpin>(&mut self, r: &mut R) -> Result<usize, Death> {
         let buf = r.fill_buf().await.map_err(|e| Death::Closed(Detail::caused_by("read failed", e)))?;
         let header = 1 + wire::SEND_HEADER;
+        let recv_size = self.recv_size;
         let mut used = 0;
-        while let [wire::T_SEND, rest @ ..] = &buf[used..] {
+        // The whole run under one lock of the endpoint, with one wake of its poller.
+        let delivered = self.soft.deliver_run(|| {
+            let [wire::T_SEND, rest @ ..] = &buf[used..] else { return None };
             let Some(Header::Send { len }) =
                 rest.get(..wire::SEND_HEADER).and_then(|h| wire::decode_header(wire::T_SEND, h))
             else {
-                break;
+                return None;
             };
             let end = used + header + len as usize;
-            if len > self.recv_size || end > buf.len() {
-                break;
+            if len > recv_size || end > buf.len() {
+                return None;
             }
-            self.soft.deliver(&buf[used + header..end])?;
+            let msg = &buf[used + header..end];
             used = end;
-        }
+            Some(msg)
+        });
         r.consume(used);
-        Ok(used)
+        delivered.map(|()| used)
     }
 
     async fn frame<R: AsyncRead + Unpin>(&mut self, ty: u8, r: &mut R) -> Result<(), Death> {
