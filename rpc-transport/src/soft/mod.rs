@@ -13,8 +13,9 @@ mod regions;
 mod state;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 
@@ -76,6 +77,21 @@ pub(crate) struct Soft {
     state: Mutex<State>,
     pool: MemPool,
     on_death: OnceLock<DeathHook>,
+    /// The endpoint has died (set once, after the state says so): the direct-send path checks
+    /// it without the lock.
+    dead: AtomicBool,
+    /// SENDs begun as direct writes ([`Soft::begin_direct_sends`]). Only the connection's
+    /// poster writes it (a load and a store, not an atomic update).
+    direct_sends: AtomicU64,
+    /// The last [`Soft::poll_completions`] found nothing and left the waker recorded in
+    /// `armed_waker` with the state; nothing was queued, and the endpoint has not died, since.
+    /// Set under the lock by the poller, cleared under the lock by whatever queues a completion
+    /// or kills the endpoint (it then wakes that waker): a poll with the same waker may then
+    /// return `Pending` without the lock. A stale `true` is harmless: the wake comes.
+    armed: AtomicBool,
+    /// The data and vtable pointers of the waker the poller left (see `armed`); written only by
+    /// the poller, under the lock.
+    armed_waker: [AtomicUsize; 2],
 }
 
 impl fmt::Debug for Soft {
@@ -128,6 +144,10 @@ impl Soft {
             state: Mutex::new(State::new(params.recv_depth, params.recv_size, &pool)),
             pool,
             on_death: OnceLock::new(),
+            dead: AtomicBool::new(false),
+            direct_sends: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            armed_waker: [AtomicUsize::new(0), AtomicUsize::new(0)],
         })
     }
 
@@ -154,7 +174,12 @@ impl Soft {
         let (result, waker) = {
             let mut st = self.lock();
             let result = f(&mut st);
-            (result, st.take_waker_to_notify())
+            let waker = st.take_waker_to_notify();
+            if waker.is_some() {
+                // Something was queued (or the endpoint died) for the waker the poller left.
+                self.armed.store(false, Ordering::Release);
+            }
+            (result, waker)
         };
         if let Some(waker) = waker {
             waker.wake();
@@ -178,6 +203,7 @@ impl Soft {
     pub(crate) fn fail(&self, death: Death) {
         let first = self.update(|st| st.die(death.clone()));
         if first {
+            self.dead.store(true, Ordering::Release);
             // Memory kept for reuse goes now; buffers in use go when dropped.
             self.pool.close();
             tracing::debug!(reason = death.reason(), "transport endpoint failed");
@@ -271,11 +297,14 @@ impl Soft {
     /// sent and as direct, not recorded as pending. `Err` if the endpoint is dead. One that is
     /// not written at once after all goes through [`Soft::record_direct_send`]; one written
     /// whole is complete (see [`Soft::complete_direct_send`]).
+    /// Takes no lock: only the connection's poster calls it (the poster of a connection is one
+    /// task at a time).
     pub(crate) fn begin_direct_sends(&self, n: u64) -> Result<(), TransportError> {
-        let mut st = self.lock();
-        st.alive().map_err(|d| d.to_error())?;
-        st.counters.sends += n;
-        st.counters.sends_direct += n;
+        if self.dead.load(Ordering::Acquire) {
+            return self.lock().alive().map_err(|d| d.to_error());
+        }
+        let begun = self.direct_sends.load(Ordering::Relaxed);
+        self.direct_sends.store(begun + n, Ordering::Relaxed);
         Ok(())
     }
 
@@ -393,18 +422,49 @@ impl Soft {
     }
 
     /// Moves up to `max` completions into `out` (see [`crate::Connection::poll_completions`]).
+    ///
+    /// A poll that finds nothing, or empties the queue, leaves its waker; the next poll with
+    /// the same waker, if nothing came meanwhile, returns `Pending` without the lock (`armed`).
+    /// (So a completion that comes after a poll that emptied the queue wakes the poller even
+    /// if it polls again anyway.)
     pub(crate) fn poll_completions(
         &self,
         cx: &mut Context<'_>,
         out: &mut Vec<Completion>,
         max: usize,
     ) -> Poll<Result<(), TransportError>> {
-        self.lock().poll_completions(cx, out, max)
+        let id = waker_id(cx.waker());
+        if max > 0
+            && self.armed.load(Ordering::Acquire)
+            && self.armed_waker[0].load(Ordering::Relaxed) == id[0]
+            && self.armed_waker[1].load(Ordering::Relaxed) == id[1]
+        {
+            return Poll::Pending;
+        }
+        let mut st = self.lock();
+        let (polled, armed) = st.poll_completions(cx, out, max);
+        if armed {
+            self.armed_waker[0].store(id[0], Ordering::Relaxed);
+            self.armed_waker[1].store(id[1], Ordering::Relaxed);
+            self.armed.store(true, Ordering::Release);
+        }
+        polled
     }
 
     pub(crate) fn counters(&self) -> TransportCounters {
-        self.lock().counters
+        let st = self.lock();
+        let mut counters = st.counters;
+        // Read under the lock: a direct SEND queued (counted in the state) was begun before.
+        let direct = self.direct_sends.load(Ordering::Relaxed);
+        counters.sends += direct;
+        counters.sends_direct += direct.saturating_sub(st.direct_sends_queued);
+        counters
     }
+}
+
+/// What tells two wakers apart, as [`Waker::will_wake`] does: their data and vtable pointers.
+fn waker_id(waker: &Waker) -> [usize; 2] {
+    [waker.data() as usize, std::ptr::from_ref(waker.vtable()) as usize]
 }
 
 /// Test-only count of receive pools allocated ([`Soft::new`]) on the current thread: the tests

@@ -47,6 +47,9 @@ pub(super) struct State {
     next_op: OpId,
     pub(super) regions: RegionTable,
     pub(super) counters: TransportCounters,
+    /// SENDs begun as direct writes that went to the writer after all (see
+    /// [`super::Soft::counters`]).
+    pub(super) direct_sends_queued: u64,
     dead: Option<Death>,
 }
 
@@ -66,6 +69,7 @@ impl State {
             next_op: 1,
             regions: RegionTable::default(),
             counters,
+            direct_sends_queued: 0,
             dead: None,
         }
     }
@@ -206,7 +210,7 @@ impl State {
 
     /// See [`super::Soft::record_direct_send`].
     pub(super) fn record_direct_send(&mut self, wr_id: WrId) -> Option<OpId> {
-        self.counters.sends_direct -= 1;
+        self.direct_sends_queued += 1;
         if self.dead.is_some() {
             // Completes as flushed: `send_at_once_result` sees the death.
             self.complete_send_at_once(wr_id, Ok(()));
@@ -290,9 +294,9 @@ impl State {
         cx: &mut Context<'_>,
         out: &mut Vec<Completion>,
         max: usize,
-    ) -> Poll<Result<(), TransportError>> {
+    ) -> (Poll<Result<(), TransportError>>, bool) {
         if max == 0 {
-            return Poll::Ready(Ok(()));
+            return (Poll::Ready(Ok(())), false);
         }
         if !self.cq.is_empty() {
             // Popped one by one: cheaper than a `drain` for the one or two completions a poll
@@ -303,15 +307,25 @@ impl State {
                 let Some(completion) = self.cq.pop_front() else { break };
                 out.push(completion);
             }
-            return Poll::Ready(Ok(()));
+            // Emptied: the waker is left now, as the poll that would find nothing would leave
+            // it (that poll then needs no lock: see `Soft::poll_completions`).
+            let armed = self.cq.is_empty() && self.dead.is_none();
+            if armed {
+                self.leave_waker(cx);
+            }
+            return (Poll::Ready(Ok(())), armed);
         }
         if let Some(death) = &self.dead {
-            return Poll::Ready(Err(death.to_error()));
+            return (Poll::Ready(Err(death.to_error())), false);
         }
+        self.leave_waker(cx);
+        (Poll::Pending, true)
+    }
+
+    fn leave_waker(&mut self, cx: &Context<'_>) {
         match &mut self.waker {
             Some(waker) if waker.will_wake(cx.waker()) => {}
             slot => *slot = Some(cx.waker().clone()),
         }
-        Poll::Pending
     }
 }

@@ -203,6 +203,40 @@ fn a_run_of_messages_and_a_batch_of_receives_go_in_order_under_one_lock_and_one_
     );
 }
 
+#[test]
+fn a_poll_that_found_nothing_is_repeated_without_the_lock_until_something_comes() {
+    let soft = Soft::new(&params(2, 16));
+    let (a, b) = (Arc::new(CountingWaker(AtomicUsize::new(0))), Arc::new(CountingWaker(AtomicUsize::new(0))));
+    let (wa, wb) = (Waker::from(a.clone()), Waker::from(b.clone()));
+    let mut out = Vec::new();
+    assert!(soft.poll_completions(&mut Context::from_waker(&wa), &mut out, 8).is_pending());
+    // The same waker again, with the state locked elsewhere: answered without the lock.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let guard = soft.state.lock().unwrap();
+    std::thread::scope(|s| {
+        let (soft, wa) = (&soft, wa.clone());
+        s.spawn(move || {
+            let mut out = Vec::new();
+            let _ = tx.send(soft.poll_completions(&mut Context::from_waker(&wa), &mut out, 8).is_pending());
+        });
+        let answered = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(guard);
+        assert_eq!(answered, Ok(true), "answered Pending without waiting for the lock");
+    });
+    // Another waker takes the lock and is the one woken from then on.
+    assert!(soft.poll_completions(&mut Context::from_waker(&wb), &mut out, 8).is_pending());
+    soft.deliver(b"x").unwrap();
+    assert_eq!((a.0.load(Ordering::SeqCst), b.0.load(Ordering::SeqCst)), (0, 1));
+    // After a delivery the fast answer is off: the completion is found.
+    assert!(soft.poll_completions(&mut Context::from_waker(&wb), &mut out, 8).is_ready());
+    assert_eq!(out.len(), 1);
+    assert!(soft.poll_completions(&mut Context::from_waker(&wb), &mut out, 8).is_pending());
+    // Death too.
+    soft.fail(Death::Closed("bye".into()));
+    assert_eq!(b.0.load(Ordering::SeqCst), 2);
+    assert!(matches!(soft.poll_completions(&mut Context::from_waker(&wb), &mut out, 8), Poll::Ready(Err(_))));
+}
+
 /// Wakes a thread parked in [`std::thread::park_timeout`].
 struct ThreadWaker(std::thread::Thread);
 
