@@ -12,11 +12,12 @@ use bytes::Bytes;
 use rpc_transport::{Address, Connection, Detail, MemPool, TransportError};
 use std::collections::VecDeque;
 
-use tokio::sync::{oneshot, Semaphore, TryAcquireError};
+use tokio::sync::oneshot;
 use tracing::field::Empty;
 use tracing::Instrument;
 
 mod call;
+mod in_flight;
 
 use super::call_slots::{CallResult, CallSlots};
 use super::commands;
@@ -55,7 +56,7 @@ struct Conn {
     commands: commands::Sender<Command>,
     /// Shared with the driver, which delivers each result into its call's slot.
     slots: Arc<CallSlots>,
-    in_flight: Semaphore,
+    in_flight: in_flight::InFlight,
     /// The connection's registered memory (payloads are encoded there).
     pool: MemPool,
     /// Largest payload the server takes inline.
@@ -81,7 +82,7 @@ impl Conn {
     /// needs no pass unless a wake-up came meanwhile ([`Route::caller_arm`]).
     fn start_here(&self, cmd: Command) -> Result<bool, Command> {
         // Another call holds a permit: it is in flight (a look at the semaphore, not the lock).
-        if self.in_flight.available_permits() + 1 < self.max_in_flight {
+        if self.in_flight.available() + 1 < self.max_in_flight {
             return Err(cmd);
         }
         let Some(engine) = self.engine.as_ref().and_then(Weak::upgrade) else { return Err(cmd) };
@@ -452,7 +453,7 @@ async fn open(
     };
     tokio::spawn(task.instrument(span));
     let max_in_flight = config.proto.max_in_flight as usize;
-    let in_flight = Semaphore::new(max_in_flight);
+    let in_flight = in_flight::InFlight::new(max_in_flight);
     let conn = Conn { commands, slots, in_flight, pool, eager_limit, max_in_flight, engine: weak, route };
     Ok((Arc::new(conn), done, info.peer))
 }

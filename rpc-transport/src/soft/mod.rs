@@ -201,9 +201,13 @@ impl Soft {
     /// `Disconnected`, pending READs with `Flushed`; once those are drained the completion queue
     /// reports the error. Idempotent: only the first death counts.
     pub(crate) fn fail(&self, death: Death) {
-        let first = self.update(|st| st.die(death.clone()));
-        if first {
+        let first = self.update(|st| {
+            // Set under the lock: whoever learns of the death from the state (a poller woken
+            // by it) sees the flag too.
             self.dead.store(true, Ordering::Release);
+            st.die(death.clone())
+        });
+        if first {
             // Memory kept for reuse goes now; buffers in use go when dropped.
             self.pool.close();
             tracing::debug!(reason = death.reason(), "transport endpoint failed");
@@ -423,10 +427,8 @@ impl Soft {
 
     /// Moves up to `max` completions into `out` (see [`crate::Connection::poll_completions`]).
     ///
-    /// A poll that finds nothing, or empties the queue, leaves its waker; the next poll with
-    /// the same waker, if nothing came meanwhile, returns `Pending` without the lock (`armed`).
-    /// (So a completion that comes after a poll that emptied the queue wakes the poller even
-    /// if it polls again anyway.)
+    /// A poll that finds nothing leaves its waker; the next poll with the same waker, if
+    /// nothing came meanwhile, returns `Pending` without the lock (`armed`).
     pub(crate) fn poll_completions(
         &self,
         cx: &mut Context<'_>,
@@ -442,8 +444,8 @@ impl Soft {
             return Poll::Pending;
         }
         let mut st = self.lock();
-        let (polled, armed) = st.poll_completions(cx, out, max);
-        if armed {
+        let polled = st.poll_completions(cx, out, max);
+        if polled.is_pending() {
             self.armed_waker[0].store(id[0], Ordering::Relaxed);
             self.armed_waker[1].store(id[1], Ordering::Relaxed);
             self.armed.store(true, Ordering::Release);

@@ -294,9 +294,9 @@ impl State {
         cx: &mut Context<'_>,
         out: &mut Vec<Completion>,
         max: usize,
-    ) -> (Poll<Result<(), TransportError>>, bool) {
+    ) -> Poll<Result<(), TransportError>> {
         if max == 0 {
-            return (Poll::Ready(Ok(())), false);
+            return Poll::Ready(Ok(()));
         }
         if !self.cq.is_empty() {
             // Popped one by one: cheaper than a `drain` for the one or two completions a poll
@@ -307,25 +307,17 @@ impl State {
                 let Some(completion) = self.cq.pop_front() else { break };
                 out.push(completion);
             }
-            // Emptied: the waker is left now, as the poll that would find nothing would leave
-            // it (that poll then needs no lock: see `Soft::poll_completions`).
-            let armed = self.cq.is_empty() && self.dead.is_none();
-            if armed {
-                self.leave_waker(cx);
-            }
-            return (Poll::Ready(Ok(())), armed);
+            // The waker is not left here: a completion queued by the poller's own work before
+            // its next poll (a READ or SEND completed at posting) would wake it for nothing.
+            return Poll::Ready(Ok(()));
         }
         if let Some(death) = &self.dead {
-            return (Poll::Ready(Err(death.to_error())), false);
+            return Poll::Ready(Err(death.to_error()));
         }
-        self.leave_waker(cx);
-        (Poll::Pending, true)
-    }
-
-    fn leave_waker(&mut self, cx: &Context<'_>) {
         match &mut self.waker {
             Some(waker) if waker.will_wake(cx.waker()) => {}
             slot => *slot = Some(cx.waker().clone()),
         }
+        Poll::Pending
     }
 }

@@ -26,9 +26,10 @@
 //! as it consumes or drops its bytes.
 //!
 //! Any framing violation by the peer (unknown frame type, oversized SEND, unsolicited or
-//! mis-sized READ response, truncated frame, a PUSH beyond the window we granted) fails the
-//! connection with [`TransportError::Malformed`]: pending operations are flushed and the socket
-//! is closed.
+//! mis-sized READ response, a PUSH beyond the window we granted) fails the connection with
+//! [`TransportError::Malformed`]: pending operations are flushed and the socket is closed. A
+//! stream that ends inside a frame is the peer closing mid-write (a side that closes stops its
+//! writer where it is): [`TransportError::Disconnected`], as any other close.
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fuzzing;

@@ -12,7 +12,7 @@ use super::push::Push;
 use super::wire::{self, Header};
 use super::writer::Outgoing;
 use crate::soft::{Death, Soft};
-use crate::Detail;
+use crate::{Detail, ReadError};
 
 /// What the reader needs: the local endpoint, the writer's queue (for READ responses), and the
 /// largest SEND this side accepts.
@@ -44,13 +44,20 @@ fn malformed(what: impl Into<String>) -> Death {
     Death::Malformed(what.into())
 }
 
-/// Maps a read error inside a frame: EOF there means the frame was truncated.
+/// Maps a read error inside a frame. EOF there is the peer closing (or dying) in the middle of
+/// a write, as a peer that closes its connection while a long frame is going out does: a
+/// disconnect, not a framing violation (verbs reports a peer's close the same whatever was in
+/// flight).
 fn inside_frame(e: io::Error) -> Death {
     if e.kind() == io::ErrorKind::UnexpectedEof {
-        malformed("truncated frame at end of stream")
+        ended_inside_frame()
     } else {
         Death::Closed(Detail::caused_by("read failed", e))
     }
+}
+
+fn ended_inside_frame() -> Death {
+    Death::Closed("peer closed the connection inside a frame".into())
 }
 
 impl Reader {
@@ -144,7 +151,7 @@ impl Reader {
             // Not kept (see `Push::accept`): off the socket, and the window back at once.
             let n = tokio::io::copy(&mut payload, &mut tokio::io::sink()).await.map_err(inside_frame)?;
             if n < len {
-                return Err(malformed("truncated frame at end of stream"));
+                return Err(ended_inside_frame());
             }
             self.window_back(rkey, len);
             return Ok(());
@@ -154,11 +161,7 @@ impl Reader {
         let size = usize::try_from(len).map_err(|_| malformed("pushed region too large"))?;
         let mut data = self.soft.pool().alloc(size).map_err(|e| Death::Closed(Detail::from_error(e)))?;
         if let Err(e) = payload.read_exact(&mut data).await {
-            return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                malformed("truncated frame at end of stream")
-            } else {
-                inside_frame(e)
-            });
+            return Err(inside_frame(e));
         }
         if let Some(len) = self.push.arrived(rkey, addr, data) {
             self.window_back(rkey, len);
@@ -214,6 +217,9 @@ impl Reader {
             Ok(data) => {
                 self.out.queue(Outgoing::ReadResp { id, result: Ok(data), permit }).map_err(writer_gone)
             }
+            // This endpoint has died (closed by this side): nothing is answered, as a queue pair
+            // in error answers nothing; the peer's READ is flushed when it sees the close.
+            Err(ReadError::Flushed) => Err(Death::Closed("closed while the peer's READ was served".into())),
             Err(refused) => {
                 let why = format!("refused the peer's READ ({refused}): connection closed");
                 let death = Death::Closed(Detail::new(why).with_cause(refused.clone()));

@@ -13,8 +13,6 @@
 
 use std::task::ready;
 
-use tokio::sync::SemaphorePermit;
-
 use super::*;
 
 /// What [`Client::call_since`] returns: resolves to the call's response (or error).
@@ -39,7 +37,7 @@ struct Permit<'a>(ConnRef<'a>);
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.add_permits(1);
+        self.0.in_flight.release();
     }
 }
 
@@ -153,10 +151,6 @@ fn time_left(
     }
 }
 
-fn client_closed() -> CallError {
-    CallError::Disconnected("client closed".into())
-}
-
 impl Client {
     /// Calls `method` (named `name` in spans, events and metrics), the deadline counting from
     /// `started` (the generated stubs pass the moment they were called, so encoding the
@@ -208,35 +202,29 @@ impl Client {
         if left == Some(Duration::ZERO) {
             return Err(CallError::DeadlineExceeded);
         }
-        // Taken for good (`Permit` gives it back), so that the call can hold its connection.
-        let acquired = conn.in_flight.try_acquire().map(SemaphorePermit::forget);
-        match acquired {
+        // `Permit` gives it back.
+        if conn.in_flight.try_acquire() {
             // A permit free now: no future to build (no timer either).
-            Ok(()) => {
-                let call = self.send(Permit(conn), span, method, payload, metadata, left, at)?;
-                Ok(CallState::Running(call))
-            }
-            Err(TryAcquireError::Closed) => Err(client_closed()),
-            Err(TryAcquireError::NoPermits) => {
-                let span = span.clone();
-                Ok(CallState::Permit(Box::pin(async move {
-                    let acquire = conn.in_flight.acquire();
-                    let permit = match left {
-                        Some(t) => {
-                            tokio::time::timeout(t, acquire).await.map_err(|_| CallError::DeadlineExceeded)?
-                        }
-                        None => acquire.await,
-                    };
-                    permit.map_err(|_| client_closed())?.forget();
-                    let permit = Permit(conn);
-                    // The time left is read again only after waiting for a permit.
-                    let (left, at) = time_left(deadline, started);
-                    if left == Some(Duration::ZERO) {
-                        return Err(CallError::DeadlineExceeded);
+            let call = self.send(Permit(conn), span, method, payload, metadata, left, at)?;
+            Ok(CallState::Running(call))
+        } else {
+            let span = span.clone();
+            Ok(CallState::Permit(Box::pin(async move {
+                let acquire = conn.in_flight.acquire();
+                match left {
+                    Some(t) => {
+                        tokio::time::timeout(t, acquire).await.map_err(|_| CallError::DeadlineExceeded)?
                     }
-                    self.send(permit, &span, method, payload, metadata, left, at)
-                })))
-            }
+                    None => acquire.await,
+                }
+                let permit = Permit(conn);
+                // The time left is read again only after waiting for a permit.
+                let (left, at) = time_left(deadline, started);
+                if left == Some(Duration::ZERO) {
+                    return Err(CallError::DeadlineExceeded);
+                }
+                self.send(permit, &span, method, payload, metadata, left, at)
+            })))
         }
     }
 

@@ -104,14 +104,29 @@ fn framing_violations_are_malformed() {
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("unknown type", vec![0xEE, 1, 2, 3]),
         ("send over recv_size", send_frame(&[0; 17])),
-        ("truncated header", wire::encode_read_req(1, 2, 3, 4)[..10].to_vec()),
-        ("truncated payload", send_frame(b"0123456789")[..8].to_vec()),
         ("response to nothing", wire::encode_read_resp(42, wire::STATUS_OK, 0).to_vec()),
     ];
     for (what, input) in cases {
         let mut h = harness(2, 16);
         let death = run(&mut h, &input);
         assert!(matches!(death, Death::Malformed(_)), "{what}: {death:?}");
+    }
+}
+
+#[test]
+fn a_stream_that_ends_inside_a_frame_is_a_close_not_a_violation() {
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("inside a header", wire::encode_read_req(1, 2, 3, 4)[..10].to_vec()),
+        ("inside a SEND's payload", send_frame(b"0123456789")[..8].to_vec()),
+        ("after the type byte", vec![wire::T_SEND]),
+    ];
+    for (what, input) in cases {
+        let mut h = harness(2, 16);
+        let death = run(&mut h, &input);
+        assert!(
+            matches!(&death, Death::Closed(d) if d.to_string().contains("inside a frame")),
+            "{what}: {death:?}"
+        );
     }
 }
 
@@ -262,7 +277,6 @@ fn push_violations_are_malformed() {
         ("beyond the window together", over),
         ("a huge push", wire::encode_push(5, 0, u64::MAX).to_vec()),
         ("the same key twice", twice),
-        ("truncated payload", push_frame(5, 0, b"0123456789")[..25].to_vec()),
         ("a region never pushed handed back", wire::encode_window(1, 1).to_vec()),
     ];
     for (what, input) in cases {
@@ -270,6 +284,10 @@ fn push_violations_are_malformed() {
         let death = run(&mut h, &input);
         assert!(matches!(death, Death::Malformed(_)), "{what}: {death:?}");
     }
+    // A push cut short by the end of the stream is the peer closing, not a violation.
+    let mut h = harness_with_push(1, 16, Push::new(10, 0, None));
+    let death = run(&mut h, &push_frame(5, 0, b"0123456789")[..25]);
+    assert!(matches!(&death, Death::Closed(d) if d.to_string().contains("inside a frame")), "{death:?}");
 }
 
 #[test]
