@@ -12,6 +12,12 @@ impl Wake for CountingWaker {
     }
 }
 
+/// A waker that counts its wake-ups, and the count.
+fn counting_waker() -> (Arc<CountingWaker>, Waker) {
+    let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+    (counter.clone(), Waker::from(counter))
+}
+
 fn params(depth: u32, size: u32) -> ConnParams {
     ConnParams { recv_depth: depth, recv_size: size, ..ConnParams::default() }
 }
@@ -156,8 +162,7 @@ fn direct_sends_are_recorded_only_when_queued_and_complete_once_if_the_endpoint_
 #[test]
 fn queued_completion_wakes_the_registered_poller() {
     let soft = Soft::new(&params(1, 16));
-    let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
-    let waker = Waker::from(counter.clone());
+    let (counter, waker) = counting_waker();
     let mut cx = Context::from_waker(&waker);
     let mut out = Vec::new();
     assert!(soft.poll_completions(&mut cx, &mut out, 8).is_pending());
@@ -172,8 +177,7 @@ fn queued_completion_wakes_the_registered_poller() {
 #[test]
 fn a_run_of_messages_and_a_batch_of_receives_go_in_order_under_one_lock_and_one_wake() {
     let soft = Soft::new(&params(2, 16));
-    let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
-    let waker = Waker::from(counter.clone());
+    let (counter, waker) = counting_waker();
     let mut cx = Context::from_waker(&waker);
     let mut out = Vec::new();
     assert!(soft.poll_completions(&mut cx, &mut out, 8).is_pending());
@@ -206,8 +210,7 @@ fn a_run_of_messages_and_a_batch_of_receives_go_in_order_under_one_lock_and_one_
 #[test]
 fn a_poll_that_found_nothing_is_repeated_without_the_lock_until_something_comes() {
     let soft = Soft::new(&params(2, 16));
-    let (a, b) = (Arc::new(CountingWaker(AtomicUsize::new(0))), Arc::new(CountingWaker(AtomicUsize::new(0))));
-    let (wa, wb) = (Waker::from(a.clone()), Waker::from(b.clone()));
+    let ((a, wa), (b, wb)) = (counting_waker(), counting_waker());
     let mut out = Vec::new();
     assert!(soft.poll_completions(&mut Context::from_waker(&wa), &mut out, 8).is_pending());
     // The same waker again, with the state locked elsewhere: answered without the lock.
