@@ -18,9 +18,10 @@ import re
 import subprocess
 import sys
 
+from callgrind import instruction_costs
+
 LOCKED = re.compile(r"\tlock |\txchg\s+\S*\(|\txchg\s+[^,]+,\s*\S*\(")
 FUNCTION = re.compile(r"^([0-9a-f]+) <(.*)>:$")
-OBJECT = re.compile(r"^c?ob=\((\d+)\)(?: (.*))?$")
 
 
 def locked_instructions(path):
@@ -38,37 +39,14 @@ def locked_instructions(path):
 
 def count(profile):
     """(total, Counter of function -> count) of atomic instructions executed in `profile`."""
-    names, tables = {}, {}
+    tables = {}
     by_function = collections.Counter()
-    obj, addr, after_call = None, 0, False
-    with open(profile) as f:
-        for line in f:
-            first = line[:1]
-            if first in "0123456789+-*":
-                pos = line.split(None, 1)[0]
-                if pos[0] in "+-":
-                    addr += int(pos, 0)
-                elif pos != "*":
-                    addr = int(pos, 0)
-                if after_call:
-                    # The inclusive cost of a call, on the call instruction's line: not its own.
-                    after_call = False
-                    continue
-                table = tables.get(obj)
-                if table and addr in table:
-                    by_function[table[addr]] += int(line.split()[-1])
-            elif line.startswith(("ob=", "cob=")):
-                m = OBJECT.match(line.strip())
-                if not m:
-                    continue
-                if m.group(2):
-                    names[m.group(1)] = m.group(2)
-                if line.startswith("ob="):
-                    obj = names.get(m.group(1))
-                    if obj not in tables:
-                        tables[obj] = locked_instructions(obj) if obj and os.path.isfile(obj) else {}
-            elif line.startswith("calls="):
-                after_call = True
+    for obj, _, addr, cost in instruction_costs(profile):
+        table = tables.get(obj)
+        if table is None:
+            table = tables[obj] = locked_instructions(obj) if obj and os.path.isfile(obj) else {}
+        if addr in table:
+            by_function[table[addr]] += cost
     return sum(by_function.values()), by_function
 
 

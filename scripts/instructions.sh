@@ -5,8 +5,10 @@
 # process, current-thread runtime) twice under callgrind, with N1 and N2 measured calls after the
 # same warm-up, and prints (I(N2) - I(N1)) / (N2 - N1): the instructions one more call costs, with
 # start-up, warm-up and reporting cancelled out. Both sides and the harness's own timing count.
-# The last column is the same difference for the atomic read-modify-write instructions among them
-# (see scripts/atomics.py).
+# Then the same difference for the atomic read-modify-write instructions among them (see
+# scripts/atomics.py), and last the 64-byte lines of code one call runs (scripts/footprint.py: at
+# one call in flight a call runs almost all of its code once, so its code does not stay in the
+# 32 KiB instruction cache between calls and every line costs a fetch from further out).
 #
 #   scripts/instructions.sh [--bin PATH] [--calls N1,N2]
 #
@@ -50,14 +52,14 @@ trap 'rm -rf "$work"' EXIT
 # Atomic read-modify-write instructions are counted too (scripts/atomics.py: callgrind's
 # per-instruction counts at the addresses objdump shows with a `lock` prefix or a memory `xchg`):
 # each costs about 20 cycles even uncontended, so two builds with the same instruction count can
-# differ in time by their atomics. Without python3 or objdump that column says n/a.
+# differ in time by their atomics. Without python3 or objdump that column and the lines say n/a.
 atomics=yes
 command -v python3 >/dev/null 2>&1 && command -v objdump >/dev/null 2>&1 || atomics=no
 
-# count SYSTEM LISTEN OUTSTANDING CALLS: the instructions callgrind counted for one run, and the
-# atomic instructions among them (or n/a).
+# count SYSTEM LISTEN OUTSTANDING CALLS OUT: the instructions callgrind counted for one run (its
+# profile written to OUT), and the atomic instructions among them (or n/a).
 count() {
-    local out="$work/cg.out"
+    local out="$5"
     valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$out" "$bin" run --system "$1" \
         --listen "$2" --in-process --workload echo --sizes 32 --outstanding "$3" --iters "$4" \
         --warmup 1000 --no-plots --out "$work/bench" >"$work/log" 2>&1 || { cat "$work/log" >&2; return 1; }
@@ -67,18 +69,21 @@ count() {
 }
 
 echo "instructions per 32 B echo call, user space only (callgrind; (I($n2 calls) - I($n1 calls)) / $((n2 - n1)); $bin)"
-printf '%-10s %-10s %10s %14s %16s %16s\n' system transport "in flight" "instr/call" "I($n2 calls)" \
-    "atomics/call"
+printf '%-10s %-10s %10s %14s %16s %16s %14s\n' system transport "in flight" "instr/call" "I($n2 calls)" \
+    "atomics/call" "lines/call"
 # tarpc and the raw tokio TCP ping-pong are `rpc-bench compare`'s peers, in the same binary (the
 # raw ping-pong runs one call at a time). Over tcp the kernel's share (system calls, loopback) is
 # not counted: these rows compare what each system runs in user space.
 for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1" "tarpc tcp 64" \
     "raw-tcp tcp 1"; do
     read -r system listen outstanding <<<"$row"
-    read -r i1 a1 <<<"$(count "$system" "$listen" "$outstanding" "$n1")"
-    read -r i2 a2 <<<"$(count "$system" "$listen" "$outstanding" "$n2")"
+    read -r i1 a1 <<<"$(count "$system" "$listen" "$outstanding" "$n1" "$work/short.out")"
+    read -r i2 a2 <<<"$(count "$system" "$listen" "$outstanding" "$n2" "$work/long.out")"
     per=$(( (i2 - i1) / (n2 - n1) ))
     atomic_per=n/a
     [[ "$a1" != n/a ]] && atomic_per="$(awk -v a="$a1" -v b="$a2" -v n=$((n2 - n1)) 'BEGIN { printf "%.1f", (b - a) / n }')"
-    printf '%-10s %-10s %10s %14s %16s %16s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2" "$atomic_per"
+    lines=n/a
+    [[ "$atomics" == yes ]] && lines="$(python3 scripts/footprint.py "$work/short.out" "$work/long.out" $((n2 - n1)))"
+    printf '%-10s %-10s %10s %14s %16s %16s %14s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2" \
+        "$atomic_per" "$lines"
 done

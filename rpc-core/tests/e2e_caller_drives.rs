@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -81,9 +82,9 @@ over_all_transports! {
 
     async fn a_lone_calls_deadline_fires_on_its_own_timer(kind: Kind) {
         // Keepalive once a minute: nothing but the call's own deadline timer can end it soon.
-        // The driver asks for the next timeout only after a change (a command run, a round that
-        // made progress); a start that did not count as one would leave the timer armed for the
-        // keepalive.
+        // The driver asks for the next timeout only when one earlier than its timer was added
+        // (`ProtoEnd::take_added_timeout`); a start that did not report its deadline would leave
+        // the timer armed for the keepalive.
         let quiet = common::proto().keepalive_interval(Duration::from_secs(60)).idle_timeout(Duration::from_secs(240));
         let client_cfg = ClientConfig::default().proto(quiet.clone()).caller_drives(true);
         let s = common::setup_with(kind, ServerConfig::default().proto(quiet), client_cfg).await;
@@ -94,6 +95,43 @@ over_all_transports! {
             let took = started.elapsed();
             assert!(took < Duration::from_secs(20), "round {round}: a 50 ms deadline fired after {took:?}");
         }
+        assert_eq!(s.client.echo(Bytes::from_static(b"after")).await.expect("echo"), Bytes::from_static(b"after"));
+    }
+
+    async fn an_earlier_deadline_re_arms_the_timer_of_a_busy_connection(kind: Kind) {
+        // Keepalive once a minute, and a call in flight whose deadline is a minute away: both
+        // drivers' timers are armed about a minute out. A call with a 50 ms deadline, started
+        // next (through the driver task: another call is in flight), must re-arm them (the
+        // client's ends the call, the server's drops its handler); calls with later deadlines
+        // before it must not have disarmed anything.
+        let quiet = common::proto().keepalive_interval(Duration::from_secs(60)).idle_timeout(Duration::from_secs(240));
+        let client_cfg = ClientConfig::default().proto(quiet.clone());
+        let s = common::setup_with(kind, ServerConfig::default().proto(quiet), client_cfg).await;
+        let patient = s.client.with_options(CallOptions::new().deadline(Duration::from_secs(60)));
+        // Both methods answered once: the server knows their answers are small, so no call of
+        // either waits for the connection's rendezvous budget (an unknown method's first call
+        // takes all of it, and one of its would wait for the long call's).
+        assert_eq!(patient.slow(1).await, Ok(1));
+        assert_eq!(patient.echo(pattern(32, 0)).await.expect("echo"), pattern(32, 0));
+        let long = tokio::spawn({
+            let patient = patient.clone();
+            async move { patient.slow(30_000).await }
+        });
+        common::eventually("the long call runs", || s.server.stats().calls_in_flight == 1).await;
+        // Later deadlines: each is answered, none moves the timers.
+        for i in 0..3u8 {
+            let data = pattern(32, i);
+            assert_eq!(patient.echo(data.clone()).await.expect("echo"), data);
+        }
+        let hurried = s.client.with_options(CallOptions::new().deadline(Duration::from_millis(50)));
+        let started = tokio::time::Instant::now();
+        assert_eq!(hurried.slow(30_000).await, Err(CallError::DeadlineExceeded));
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(20), "a 50 ms deadline fired after {took:?}");
+        common::eventually("the hurried call's handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
+        long.abort();
+        common::eventually("the long call's handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 2).await;
+        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 1, "only the warm-up finished");
         assert_eq!(s.client.echo(Bytes::from_static(b"after")).await.expect("echo"), Bytes::from_static(b"after"));
     }
 

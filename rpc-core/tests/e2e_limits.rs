@@ -23,7 +23,8 @@ over_all_transports! {
             let c = s.client.clone();
             tokio::spawn(async move { c.slow(1_500).await })
         }).collect();
-        // (The first call of a method on a connection runs alone: its response size is unknown.)
+        // (The first call of a method on a connection runs alone among those of unknown or large
+        // responses: `slow`'s response size is unknown.)
         eventually("the greedy client's share is running", || s.server.resources().handlers_running == 4).await;
         let r = s.server.resources();
         assert_eq!(r.handlers_running, 4, "one connection runs at most its share");
@@ -39,6 +40,28 @@ over_all_transports! {
         }
         assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 40);
         eventually("no request waits", || s.server.resources().requests_waiting == 0).await;
+    }
+
+    async fn a_long_handler_of_unknown_size_does_not_stop_the_small_calls_of_its_connection(kind: Kind) {
+        let s = setup_with(kind, ServerConfig::default().proto(common::proto()), ClientConfig::default().proto(common::proto())).await;
+        // `echo` answered once: its answers are known to be small. `slow` never was: its first
+        // call reserves the connection's whole rendezvous budget while it runs (30 s).
+        assert_eq!(s.client.echo(Bytes::from_static(b"warm")).await.unwrap(), Bytes::from_static(b"warm"));
+        let long = tokio::spawn({
+            let c = s.client.clone();
+            async move { c.slow(30_000).await }
+        });
+        eventually("the long call runs", || s.probe.slow_started.load(Ordering::SeqCst) == 1).await;
+        let started = tokio::time::Instant::now();
+        for i in 0..10u8 {
+            let data = common::pattern(32, i);
+            assert_eq!(s.client.echo(data.clone()).await.unwrap(), data);
+        }
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(10), "the small calls waited {took:?} behind the long one");
+        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 0, "the long call still runs");
+        long.abort();
+        eventually("the long handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
     }
 
     async fn connections_beyond_the_cap_wait_until_one_closes(kind: Kind) {
@@ -67,7 +90,8 @@ over_all_transports! {
     async fn callers_beyond_max_in_flight_wait_for_a_slot(kind: Kind) {
         let client_cfg = ClientConfig::default().proto(common::proto().max_in_flight(2));
         let s = setup_with(kind, ServerConfig::default().proto(common::proto()), client_cfg).await;
-        // (The first call of a method on a connection runs alone: learn `slow`'s response size.)
+        // (The first call of a method on a connection runs alone among those of unknown or large
+        // responses: learn `slow`'s response size.)
         assert_eq!(s.client.slow(1).await, Ok(1));
         let running = || {
             let p = &s.probe;

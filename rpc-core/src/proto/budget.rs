@@ -101,6 +101,10 @@ pub(crate) struct Budget {
     peak: u64,
     /// Of `held`, the bytes also taken from `shared` (READ destinations).
     shared_held: u64,
+    /// Of `held`, the bytes only reserved for responses their handlers are still building
+    /// ([`Budget::reserve_estimate`]), as opposed to bytes that exist (READ destinations,
+    /// response regions advertised).
+    estimated: u64,
     shared: Option<Arc<SharedBudget>>,
     /// The last reservation failed on the shared budget (not on our own).
     blocked_on_shared: bool,
@@ -108,7 +112,15 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub fn new(limit: u64) -> Budget {
-        Budget { limit, held: 0, peak: 0, shared_held: 0, shared: None, blocked_on_shared: false }
+        Budget {
+            limit,
+            held: 0,
+            peak: 0,
+            shared_held: 0,
+            estimated: 0,
+            shared: None,
+            blocked_on_shared: false,
+        }
     }
 
     pub fn set_shared(&mut self, shared: Arc<SharedBudget>) {
@@ -133,9 +145,26 @@ impl Budget {
         self.held == 0 || self.held.saturating_add(len) <= self.limit
     }
 
-    /// Room left on this connection: may a new handler start?
-    pub fn has_room(&self) -> bool {
-        self.held < self.limit
+    /// Room left for a handler whose response is expected to be small (sent eagerly, holding
+    /// nothing): the bytes held that exist are under the limit. Reservations for responses
+    /// still being built do not count: the response of a handler that runs alone because its
+    /// size is unknown (it reserved the whole budget) does not exist yet, so it need not stop
+    /// the small calls meanwhile, while bytes a client leaves unread do.
+    pub fn has_room_for_small(&self) -> bool {
+        self.held - self.estimated.min(self.held) < self.limit
+    }
+
+    /// Reserves `len` bytes for a response its handler is about to build (this connection
+    /// only); [`Budget::release_estimate`] gives them back when it is built or abandoned.
+    pub fn reserve_estimate(&mut self, len: u64) {
+        self.estimated = self.estimated.saturating_add(len);
+        self.add(len);
+    }
+
+    /// Gives back a reservation of [`Budget::reserve_estimate`].
+    pub fn release_estimate(&mut self, len: u64) {
+        self.estimated -= len.min(self.estimated);
+        self.release(len);
     }
 
     /// Takes `len` bytes for a READ destination if they fit, here and on the endpoint.
@@ -230,12 +259,27 @@ mod tests {
         assert!(b.blocked_on().is_none());
         b.force_reserve(50);
         assert_eq!(shared.held(), 100, "our own payloads count on the connection only");
-        assert!(!b.has_room(), "80 of 80 held on connection B");
-        assert!(a.has_room());
+        assert!(!b.has_room_for_small(), "80 of 80 held on connection B");
+        assert!(a.has_room_for_small());
         drop(b);
         assert_eq!(shared.held(), 70, "a closed connection gives its READ bytes back");
         drop(a);
         assert_eq!(shared.held(), 0);
         assert_eq!(shared.peak(), 100);
+    }
+
+    #[test]
+    fn a_reservation_for_a_response_being_built_stops_large_calls_but_not_small_ones() {
+        let mut b = Budget::new(100);
+        b.reserve_estimate(100);
+        assert!(!b.fits(1), "another large response waits");
+        assert!(b.has_room_for_small(), "nothing exists yet: small calls go on");
+        // Bytes that exist (a region the client has not READ yet) stop small calls too.
+        b.force_reserve(100);
+        assert!(!b.has_room_for_small());
+        b.release(100);
+        b.release_estimate(100);
+        assert_eq!(b.held(), 0);
+        assert!(b.has_room_for_small() && b.fits(100));
     }
 }

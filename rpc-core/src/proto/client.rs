@@ -471,6 +471,15 @@ impl ClientProto {
         self.link.check_timeouts(now)
     }
 
+    /// The earliest timeout added since the last look (a call's deadline, a READ's or a done
+    /// report's), if any was. Nothing else makes [`ClientProto::poll_timeout`] earlier, except
+    /// [`ClientProto::handle_timeout`] itself: a driver whose timer is armed no later than this (and
+    /// has not fired) need not ask for it again.
+    #[inline]
+    pub fn take_added_timeout(&mut self) -> Option<Instant> {
+        earliest(self.deadlines.take_added(), self.link.take_added_timeout())
+    }
+
     /// When [`ClientProto::handle_timeout`] must next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         let calls = &self.calls;

@@ -30,12 +30,15 @@ pub(crate) struct DeadlineQueue {
     ordered: VecDeque<(Instant, u64)>,
     /// Entries that came out of order.
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// The earliest expiry added since [`DeadlineQueue::take_added`] last looked.
+    added: Option<Instant>,
 }
 
 impl DeadlineQueue {
     /// Adds an entry; when the queue holds more than `2 * live + 64` entries, keeps only those
     /// for which `is_live(id, at)` holds, and the one just added.
     pub fn push_pruned(&mut self, at: Instant, id: u64, live: usize, is_live: impl Fn(u64, Instant) -> bool) {
+        self.added = earliest(self.added, Some(at));
         match self.ordered.back() {
             Some(&(last, _)) if last > at => self.heap.push(Reverse((at, id))),
             _ => self.ordered.push_back((at, id)),
@@ -48,6 +51,14 @@ impl DeadlineQueue {
             self.ordered.retain(keep);
             self.heap.retain(|Reverse(entry)| keep(entry));
         }
+    }
+
+    /// The earliest expiry added since the last look, if any was: the only way this queue's next
+    /// expiry can become earlier (finished calls only make it later). A driver whose timer is
+    /// armed no later need not ask for the next expiry again.
+    #[inline]
+    pub fn take_added(&mut self) -> Option<Instant> {
+        self.added.take()
     }
 
     /// No entry held, live or not: [`DeadlineQueue::next`] would return `None`.
@@ -185,5 +196,24 @@ mod tests {
             }
         }
         assert_eq!(q.len(), model.len());
+    }
+
+    #[test]
+    fn the_earliest_expiry_added_since_the_last_look_is_reported_once() {
+        let now = Instant::now();
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        let mut q = DeadlineQueue::default();
+        assert_eq!(q.take_added(), None);
+        for (id, ms) in [30, 10, 20].into_iter().enumerate() {
+            q.push_pruned(at(ms), id as u64, 100, |_, _| true);
+        }
+        assert_eq!(q.take_added(), Some(at(10)), "the earliest of the three");
+        assert_eq!(q.take_added(), None, "taken");
+        // Entries going (expired, or skipped as finished) add nothing.
+        assert_eq!(q.expired(at(15)).len(), 1);
+        assert_eq!(q.next(|_, _| false), None);
+        assert_eq!(q.take_added(), None);
+        q.push_pruned(at(50), 3, 100, |_, _| true);
+        assert_eq!(q.take_added(), Some(at(50)));
     }
 }

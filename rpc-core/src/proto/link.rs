@@ -375,6 +375,13 @@ impl Link {
         self.ops.pop_front()
     }
 
+    /// The earliest READ or done-report deadline added since the last look. Keepalive needs no
+    /// such report: its next check only ever moves later, except in the check itself.
+    #[inline]
+    pub fn take_added_timeout(&mut self) -> Option<Instant> {
+        self.rdv.take_added_timeout()
+    }
+
     /// The next time keepalive, a READ or a done report must be checked.
     pub fn next_timeout(&mut self) -> Option<Instant> {
         earliest(self.live.next_timeout(), self.rdv.next_timeout())

@@ -213,6 +213,13 @@ impl Rendezvous {
         self.advertised.len()
     }
 
+    /// The earliest READ or done-report deadline added since the last look (see
+    /// [`DeadlineQueue::take_added`]).
+    #[inline]
+    pub fn take_added_timeout(&mut self) -> Option<Instant> {
+        earliest(self.read_deadlines.take_added(), self.done_deadlines.take_added())
+    }
+
     /// The earliest READ or done deadline.
     pub fn next_timeout(&mut self) -> Option<Instant> {
         if self.read_deadlines.is_empty() && self.done_deadlines.is_empty() {

@@ -296,11 +296,15 @@ impl ServerProto {
 
     /// Whether the handler of `call_id` may start now, given `estimate`, the size its response
     /// is expected to have (`u64::MAX`: unknown). Its response is produced by the application
-    /// before the protocol sees it, so the budget is taken at start: the estimate (nothing for
-    /// an eager-sized response; the whole connection budget for an unknown one, so that such a
-    /// handler runs alone) must fit this connection's budget, or the handler waits. That keeps
-    /// a client that never READs its responses from making the server produce more of them.
-    /// The reservation is exchanged for the real size in [`ServerProto::respond`].
+    /// before the protocol sees it, so the budget is taken at start: the estimate (the whole
+    /// connection budget for an unknown one, so that it runs alone among the large ones) must
+    /// fit this connection's budget, or the handler waits. A handler whose response is
+    /// expected to be sent eagerly reserves nothing; it waits only while the bytes held that
+    /// exist fill the budget ([`Budget::has_room_for_small`]), not for the reservations of
+    /// responses still being built: a long-running handler of an unknown size does not stop
+    /// the small calls of its connection. That keeps a client that never READs its responses
+    /// from making the server produce more of them. The reservation is exchanged for the real
+    /// size in [`ServerProto::respond`].
     pub fn try_start_handler(&mut self, call_id: u64, estimate: u64) -> bool {
         // One lookup (the table is keyed by the peer's ids: a hash that resists collisions).
         let Some(call) = self.calls.get_mut(&call_id) else { return true };
@@ -313,12 +317,12 @@ impl ServerProto {
             u64::MAX => budget.limit(),
             e => e,
         };
-        let fits = if want == 0 { budget.has_room() } else { budget.fits(want) };
+        let fits = if want == 0 { budget.has_room_for_small() } else { budget.fits(want) };
         if !fits {
             self.link.stats.budget_waits += 1;
             return false;
         }
-        budget.force_reserve(want);
+        budget.reserve_estimate(want);
         call.reserved = want;
         true
     }
@@ -338,7 +342,7 @@ impl ServerProto {
             return false;
         }
         let reserved = std::mem::take(&mut call.get_mut().reserved);
-        self.link.rdv.budget.release(reserved);
+        self.link.rdv.budget.release_estimate(reserved);
         let payload = match result {
             Ok(p) if p.len() as u64 > self.peer_max_message => Err(WireError::new(
                 WireErrorCode::PayloadTooLarge,
@@ -415,7 +419,7 @@ impl ServerProto {
     /// revoked: the client may be READing it; it goes with the client's done report.
     fn on_cancel(&mut self, call_id: u64, reason: CancelReason) {
         let Some(call) = self.calls.remove(&call_id) else { return };
-        self.link.rdv.budget.release(call.reserved);
+        self.link.rdv.budget.release_estimate(call.reserved);
         match reason {
             CancelReason::Cancelled => self.link.stats.cancels += 1,
             CancelReason::DeadlineExceeded => self.link.stats.deadlines_expired += 1,
@@ -440,6 +444,15 @@ impl ServerProto {
             }
         }
         self.link.check_timeouts(now)
+    }
+
+    /// The earliest timeout added since the last look (a call's deadline, a READ's or a done
+    /// report's), if any was. Nothing else makes [`ServerProto::poll_timeout`] earlier, except
+    /// [`ServerProto::handle_timeout`] itself: a driver whose timer is armed no later than this (and
+    /// has not fired) need not ask for it again.
+    #[inline]
+    pub fn take_added_timeout(&mut self) -> Option<Instant> {
+        earliest(self.deadlines.take_added(), self.link.take_added_timeout())
     }
 
     /// When [`ServerProto::handle_timeout`] must next be called.

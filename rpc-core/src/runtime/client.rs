@@ -560,8 +560,7 @@ impl ClientDriver {
     }
 
     fn run_command(&mut self, cmd: Command) {
-        // A call started or cancelled moves the next deadline (see `Timer`).
-        self.sleep.stale();
+        // A call started adds a deadline, which the timer hears of (see `Timer`).
         match cmd {
             Command::Call { call_id, method, payload, metadata, timeout, at } => {
                 // The deadline counts from when the caller measured `timeout`: no clock read here.
@@ -646,10 +645,6 @@ impl ClientDriver {
             // A caller whose answer came in this round gets it first: the receive it came in is
             // replaced after its next request is out (`post_ready`), or by the driver task.
             driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
-        }
-        if progressed {
-            // What progressed may have moved a timeout (see `Timer`).
-            self.sleep.stale();
         }
         Ok(progressed)
     }

@@ -90,6 +90,8 @@ pub(crate) trait ProtoEnd {
     /// change nothing).
     fn has_ops(&self) -> bool;
     fn timeout(&mut self) -> Option<Instant>;
+    /// The earliest timeout added since the last look (see [`ClientProto::take_added_timeout`]).
+    fn take_added_timeout(&mut self) -> Option<Instant>;
     fn expire(&mut self, now: Instant) -> Result<(), ProtoError>;
 }
 
@@ -120,6 +122,9 @@ macro_rules! impl_proto_end {
             }
             fn timeout(&mut self) -> Option<Instant> {
                 self.poll_timeout()
+            }
+            fn take_added_timeout(&mut self) -> Option<Instant> {
+                <$ty>::take_added_timeout(self)
             }
             fn expire(&mut self, now: Instant) -> Result<(), ProtoError> {
                 self.handle_timeout(now)
@@ -424,10 +429,14 @@ pub(crate) fn revoke_after_close<P: ProtoEnd>(conn: &mut dyn Connection, proto: 
 /// frame received) lets the armed timer fire early once, and it is re-armed then: timer-wheel
 /// work and the Sleep's poll happen about once per timeout, not once per call.
 ///
-/// The state machine is asked for its next timeout only after something may have changed it:
-/// a round that made progress, a command run ([`Timer::stale`]). A round that found nothing to
-/// do (every spin of a busy-polling driver, every wake-up that finds nothing) skips the asking,
-/// a look through the deadlines and a table lookup.
+/// The state machine is asked for its next timeout only when it may have come earlier than the
+/// timer: a timeout added earlier than the one armed ([`ProtoEnd::take_added_timeout`]: a call's
+/// deadline, a READ's, a done report's), the timer fired, or the driver says so
+/// ([`Timer::stale`], at shutdown). Nothing else makes it earlier: a call that ends removes a
+/// deadline, a frame received pushes the keepalive back. So the rounds of a busy connection (a
+/// call started every round, each with the same timeout, later than the one armed) and every
+/// round that found nothing to do (every spin of a busy-polling driver) skip the asking, a look
+/// through the deadlines and a table lookup.
 #[derive(Debug)]
 pub(crate) struct Timer {
     sleep: Pin<Box<Sleep>>,
@@ -461,6 +470,12 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
     clock: &mut Clock,
 ) -> Result<bool, Fatal> {
     let mut fired = false;
+    if let Some(added) = proto.take_added_timeout() {
+        if timer.armed.is_none_or(|armed| armed > tokio::time::Instant::from_std(added)) {
+            // Earlier than the timer (or the timer is not armed): asked below.
+            timer.current = false;
+        }
+    }
     if timer.armed.is_some() && timer.sleep.is_elapsed() {
         // It fired: whatever the state machine wants next is armed below.
         timer.armed = None;
@@ -510,8 +525,19 @@ mod tests {
     #[derive(Default)]
     struct OneTimeout {
         at: Option<Instant>,
+        /// A timeout added since the last look (as the real ones report their deadlines).
+        added: Option<Instant>,
         asked: u32,
         expired: u32,
+    }
+
+    impl OneTimeout {
+        /// A timeout added at `at`: the next one if it is earlier.
+        fn add(&mut self, at: tokio::time::Instant) {
+            let at = at.into_std();
+            self.at = Some(self.at.map_or(at, |t| t.min(at)));
+            self.added = Some(self.added.map_or(at, |t| t.min(at)));
+        }
     }
 
     impl ProtoEnd for OneTimeout {
@@ -533,6 +559,9 @@ mod tests {
             self.asked += 1;
             self.at
         }
+        fn take_added_timeout(&mut self) -> Option<Instant> {
+            self.added.take()
+        }
         fn expire(&mut self, now: Instant) -> Result<(), ProtoError> {
             if self.at.is_some_and(|at| at <= now) {
                 self.at = None;
@@ -543,7 +572,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_next_timeout_is_taken_again_only_after_a_change_or_a_firing() {
+    async fn the_next_timeout_is_taken_again_only_after_an_earlier_one_or_a_firing() {
         let start = tokio::time::Instant::now();
         let mut proto =
             OneTimeout { at: Some((start + Duration::from_secs(60)).into_std()), ..Default::default() };
@@ -563,11 +592,22 @@ mod tests {
         }
         assert_eq!(proto.asked, 1);
 
-        // A call with an earlier deadline started, and the driver says so: asked, re-armed.
-        proto.at = Some((start + Duration::from_millis(10)).into_std());
-        timer.stale();
+        // Calls with later deadlines started (the same timeout, a bit later each): the armed
+        // timer is early enough, nobody asks.
+        for s in 61..70 {
+            proto.add(start + Duration::from_secs(s));
+            assert!(!drive(&mut proto, &mut timer, &mut clock));
+        }
+        assert_eq!((proto.asked, timer.armed), (1, Some(start + Duration::from_secs(60))));
+
+        // A call with an earlier deadline started: asked, re-armed.
+        proto.add(start + Duration::from_millis(10));
         assert!(!drive(&mut proto, &mut timer, &mut clock));
         assert_eq!((proto.asked, timer.armed), (2, Some(start + Duration::from_millis(10))));
+        // The driver can still say so itself (at shutdown): asked again.
+        timer.stale();
+        assert!(!drive(&mut proto, &mut timer, &mut clock));
+        assert_eq!(proto.asked, 3);
 
         // The deadline passes with nothing changed: the timer fires, wakes the driver, and the
         // next look runs the expiry although nobody called `stale`.

@@ -332,7 +332,8 @@ type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, Acqui
 
 /// The response size expected of each of the service's methods on one connection: the largest
 /// seen lately (it decays towards smaller ones). A method not seen yet is unknown (its first
-/// handler on a connection runs alone); an id the service does not have answers with a small
+/// handler on a connection takes the whole rendezvous budget: see
+/// `ServerProto::try_start_handler`); an id the service does not have answers with a small
 /// error. One entry per method of the service: a peer cannot grow it.
 struct ResponseEstimates {
     by_method: Vec<(MethodId, Option<u64>)>,
@@ -750,10 +751,6 @@ impl ServerDriver {
         // The answers are out: now the receive their requests came in is replaced.
         driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
         self.publish_waiting();
-        if progressed {
-            // What progressed may have moved a timeout (see `Timer`).
-            self.sleep.stale();
-        }
         Ok(progressed)
     }
 

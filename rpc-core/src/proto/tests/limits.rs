@@ -152,7 +152,7 @@ fn reads_in_flight_never_exceed_the_connection_read_depth() {
 
 #[test]
 fn handlers_wait_while_responses_awaiting_done_fill_the_budget() {
-    let server_cfg = config(T, 16).max_rendezvous_bytes(60_000);
+    let server_cfg = config(T, 16).max_rendezvous_bytes(50_000);
     let mut p = Pair::new(config(T, 16), server_cfg);
     for id in 1..=4 {
         p.call(id, payload(8, 0));
@@ -160,15 +160,18 @@ fn handlers_wait_while_responses_awaiting_done_fill_the_budget() {
     p.pump();
     p.take_requests();
     p.hold_reads = true;
-    // An unknown response size takes the whole budget: that handler runs alone.
+    // An unknown response size takes the whole budget: among the large ones, that handler runs
+    // alone. A small one goes on: the unknown response does not exist yet.
     assert!(p.server.try_start_handler(1, u64::MAX));
-    assert!(!p.server.try_start_handler(2, 10), "nothing else while the unknown one runs");
+    assert!(!p.server.try_start_handler(3, 50_000), "no other large one while the unknown one runs");
+    assert!(p.server.try_start_handler(2, 10), "an eager-sized response needs only room");
     p.server.respond(1, Ok(payload(50_000, 1)));
     p.pump();
     assert_eq!(p.server.stats().rendezvous_bytes_held, 50_000, "the reservation became the response's size");
-    assert!(p.server.try_start_handler(2, 8), "an eager-sized response needs only room");
-    assert!(!p.server.try_start_handler(3, 50_000), "50 kB + 50 kB does not fit 60 kB");
     p.server.respond(2, Ok(payload(8, 2)));
+    // The first response, not READ yet, fills the budget: now small ones wait too.
+    assert!(!p.server.try_start_handler(4, 8), "a response the client leaves unread stops small calls");
+    assert!(!p.server.try_start_handler(3, 50_000), "50 kB + 50 kB does not fit 50 kB");
     p.hold_reads = false;
     p.pump();
     assert!(p.server.try_start_handler(3, 50_000), "the client READ the first response");
