@@ -63,7 +63,7 @@ pub use rpc_transport::Received;
 pub use runtime::{
     CallOptions, Client, ClientConfig, ConnStats, Reconnect, Server, ServerConfig, ServerResources,
 };
-pub use service::{MethodDesc, Service};
+pub use service::{response_bound, MethodDesc, Service};
 
 #[doc(hidden)]
 pub mod __private {

@@ -24,6 +24,31 @@ pub struct MethodDesc {
     pub full_name: &'static str,
     /// Its stable id: [`method_id`] of its signature `"Service.method(arg:Type,..)->Output"`.
     pub id: MethodId,
+    /// The most bytes its answer can take encoded, when its type tells ([`response_bound`]);
+    /// `None`: not known until the server has seen its answers. A server reserves a handler's
+    /// expected answer in the connection's rendezvous budget before the handler runs, and an
+    /// unknown answer takes the whole budget: the first call of such a method on a connection
+    /// runs alone among those of large or unknown answers. A method whose answer is known to be
+    /// small never waits for them.
+    pub max_response: Option<u64>,
+}
+
+/// The most bytes an answer of type `T` can take encoded, when its type tells: a type that
+/// owns no heap data (no drop glue) and takes at most 64 bytes in memory, such as the integers,
+/// floats, `bool`, `char`, `()`, and small tuples, arrays, `Option`s and plain structs and enums
+/// of them. Their bincode encoding takes at most a few bytes more than their size in memory
+/// (a varint, an enum tag): the bound allows eight times that, at most 576 bytes. `None`
+/// otherwise (`String`, `Vec`, `Bytes`, anything that owns a heap allocation): unknown. A type
+/// whose own `Serialize` writes more than it holds would exceed the bound, and its answers then
+/// take their real size from the budget when they are made, once past the reservation.
+/// `#[service]` sets [`MethodDesc::max_response`] with this.
+pub const fn response_bound<T>() -> Option<u64> {
+    let size = std::mem::size_of::<T>();
+    if !std::mem::needs_drop::<T>() && size <= 64 {
+        Some(8 * size as u64 + 64)
+    } else {
+        None
+    }
 }
 
 /// A server-side service: what `#[service]` implements for `FooServer<S>`.
@@ -211,6 +236,40 @@ mod tests {
 
     fn run<T>(f: BoxFuture<'static, T>) -> T {
         tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+    }
+
+    #[test]
+    fn answer_types_without_heap_data_are_bounded_and_their_encodings_fit_the_bound() {
+        #[derive(serde::Serialize)]
+        enum Tag {
+            A,
+            B(u16, Option<bool>),
+        }
+        fn fits<T: Serialize>(value: T) {
+            let bound = response_bound::<T>().expect("bounded");
+            let len = encode(&value).unwrap().len() as u64;
+            assert!(len <= bound, "{len} bytes encoded, bound {bound}");
+        }
+        fits(u64::MAX);
+        fits(i128::MIN);
+        fits(());
+        fits(true);
+        fits('\u{10ffff}');
+        fits(f64::MAX);
+        fits((u32::MAX, Some(u64::MAX), [u16::MAX; 4]));
+        fits(Some(Some(Some(false))));
+        fits([Tag::A, Tag::B(u16::MAX, Some(true))]);
+        fits(Ok::<u64, u32>(u64::MAX));
+        for unknown in [
+            response_bound::<String>(),
+            response_bound::<Vec<u8>>(),
+            response_bound::<Bytes>(),
+            response_bound::<Option<Vec<u8>>>(),
+            response_bound::<Result<u64, String>>(),
+            response_bound::<[u64; 9]>(),
+        ] {
+            assert_eq!(unknown, None);
+        }
     }
 
     #[test]

@@ -231,8 +231,12 @@ impl rpc_core::Service for Doubler {
     }
 
     fn methods(&self) -> &[rpc_core::MethodDesc] {
-        const METHODS: &[rpc_core::MethodDesc] =
-            &[rpc_core::MethodDesc { name: "double", full_name: "Doubler.double", id: DOUBLE }];
+        const METHODS: &[rpc_core::MethodDesc] = &[rpc_core::MethodDesc {
+            name: "double",
+            full_name: "Doubler.double",
+            id: DOUBLE,
+            max_response: None,
+        }];
         METHODS
     }
 

@@ -23,8 +23,7 @@ over_all_transports! {
             let c = s.client.clone();
             tokio::spawn(async move { c.slow(1_500).await })
         }).collect();
-        // (The first call of a method on a connection runs alone among those of unknown or large
-        // responses: `slow`'s response size is unknown.)
+        // (`slow` answers a `u64`: no call of it waits for the rendezvous budget, even the first.)
         eventually("the greedy client's share is running", || s.server.resources().handlers_running == 4).await;
         let r = s.server.resources();
         assert_eq!(r.handlers_running, 4, "one connection runs at most its share");
@@ -44,12 +43,13 @@ over_all_transports! {
 
     async fn a_long_handler_of_unknown_size_does_not_stop_the_small_calls_of_its_connection(kind: Kind) {
         let s = setup_with(kind, ServerConfig::default().proto(common::proto()), ClientConfig::default().proto(common::proto())).await;
-        // `echo` answered once: its answers are known to be small. `slow` never was: its first
-        // call reserves the connection's whole rendezvous budget while it runs (30 s).
+        // `echo` answered once: its answers are known to be small. `slow_echo` never was, and
+        // its type (`Bytes`) bounds nothing: its first call reserves the connection's whole
+        // rendezvous budget while it runs (30 s).
         assert_eq!(s.client.echo(Bytes::from_static(b"warm")).await.unwrap(), Bytes::from_static(b"warm"));
         let long = tokio::spawn({
             let c = s.client.clone();
-            async move { c.slow(30_000).await }
+            async move { c.slow_echo(30_000, Bytes::from_static(b"late")).await }
         });
         eventually("the long call runs", || s.probe.slow_started.load(Ordering::SeqCst) == 1).await;
         let started = tokio::time::Instant::now();
@@ -59,6 +59,24 @@ over_all_transports! {
         }
         let took = started.elapsed();
         assert!(took < Duration::from_secs(10), "the small calls waited {took:?} behind the long one");
+        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 0, "the long call still runs");
+        long.abort();
+        eventually("the long handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
+    }
+
+    async fn a_method_whose_answer_type_is_small_never_takes_the_budget(kind: Kind) {
+        let s = setup_with(kind, ServerConfig::default().proto(common::proto()), ClientConfig::default().proto(common::proto())).await;
+        // `slow` answers a `u64`: its first call reserves nothing, so the first call of `echo`
+        // (unknown: it needs the whole budget) starts at once while `slow` runs (30 s).
+        let long = tokio::spawn({
+            let c = s.client.clone();
+            async move { c.slow(30_000).await }
+        });
+        eventually("the long call runs", || s.probe.slow_started.load(Ordering::SeqCst) == 1).await;
+        let started = tokio::time::Instant::now();
+        assert_eq!(s.client.echo(Bytes::from_static(b"first")).await.unwrap(), Bytes::from_static(b"first"));
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(10), "the first echo waited {took:?} behind the long call");
         assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 0, "the long call still runs");
         long.abort();
         eventually("the long handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
@@ -90,8 +108,7 @@ over_all_transports! {
     async fn callers_beyond_max_in_flight_wait_for_a_slot(kind: Kind) {
         let client_cfg = ClientConfig::default().proto(common::proto().max_in_flight(2));
         let s = setup_with(kind, ServerConfig::default().proto(common::proto()), client_cfg).await;
-        // (The first call of a method on a connection runs alone among those of unknown or large
-        // responses: learn `slow`'s response size.)
+        // One call first, alone.
         assert_eq!(s.client.slow(1).await, Ok(1));
         let running = || {
             let p = &s.probe;

@@ -53,7 +53,8 @@ use proc_macro::TokenStream;
 ///   the method id and answers unknown ids with `rpc_core::__private::unknown_method`. One private
 ///   dispatcher, generic over where the handler's future goes, serves both `Service::call` (a box of
 ///   its own) and `Service::call_in` (the box the server lends: no allocation per call).
-///   `Service::methods` lists `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET }`, ..
+///   `Service::methods` lists `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET,
+///   max_response: rpc_core::response_bound::<Option<Vec<u8>>>() }`, ..
 ///   Handlers read their call's context (peer, deadline, metadata) with `rpc_core::context::current()`.
 ///
 /// Every generated public item is documented; a client method copies the docs of its trait method.

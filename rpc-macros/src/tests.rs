@@ -48,7 +48,7 @@ fn expansion_emits_trait_client_server_and_ids() {
         "static __RPC_CORE_METHOD : :: rpc_core :: __private :: ClientMethod = :: rpc_core :: __private :: ClientMethod :: new (\"Kv.get\")",
         ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: GET , & __RPC_CORE_METHOD , & (key ,))",
         ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: PING , & __RPC_CORE_METHOD , & ())",
-        ":: rpc_core :: MethodDesc { name : \"get\" , full_name : \"Kv.get\" , id : KvClient :: GET }",
+        ":: rpc_core :: MethodDesc { name : \"get\" , full_name : \"Kv.get\" , id : KvClient :: GET , max_response : :: rpc_core :: response_bound :: < Option < Vec < u8 > > > () , }",
         "assert_unique_ids (& [KvClient :: GET , KvClient :: PING])",
         "pub struct KvServer < S >",
         "impl < S : Kv > :: rpc_core :: Service for KvServer < S >",

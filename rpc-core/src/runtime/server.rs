@@ -331,7 +331,8 @@ fn handler_answer(caught: Caught) -> Result<Bytes, WireError> {
 type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
 /// The response size expected of each of the service's methods on one connection: the largest
-/// seen lately (it decays towards smaller ones). A method not seen yet is unknown (its first
+/// seen lately (it decays towards smaller ones), at first the bound its answer's type gives
+/// ([`MethodDesc::max_response`]). A method not seen yet and of no such bound is unknown (its first
 /// handler on a connection takes the whole rendezvous budget: see
 /// `ServerProto::try_start_handler`); an id the service does not have answers with a small
 /// error. One entry per method of the service: a peer cannot grow it.
@@ -341,7 +342,7 @@ struct ResponseEstimates {
 
 impl ResponseEstimates {
     fn new(methods: &[crate::service::MethodDesc]) -> Self {
-        ResponseEstimates { by_method: methods.iter().map(|m| (m.id, None)).collect() }
+        ResponseEstimates { by_method: methods.iter().map(|m| (m.id, m.max_response)).collect() }
     }
 
     /// The expected response size; `u64::MAX` when unknown.

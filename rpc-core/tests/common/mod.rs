@@ -35,6 +35,9 @@ pub trait Echo {
     async fn size(&self, data: Bytes) -> u64;
     /// Sleeps, then answers; records whether it finished or was dropped.
     async fn slow(&self, millis: u64) -> u64;
+    /// `data` back after `millis` (counted as `slow` is): a slow call whose answer's size its
+    /// type does not bound.
+    async fn slow_echo(&self, millis: u64, data: Bytes) -> Bytes;
 }
 
 /// Records what the handlers of the test service did.
@@ -82,6 +85,10 @@ impl Echo for EchoImpl {
         flag.1 = true;
         self.0.slow_finished.fetch_add(1, Ordering::SeqCst);
         millis
+    }
+    async fn slow_echo(&self, millis: u64, data: Bytes) -> Bytes {
+        self.slow(millis).await;
+        data
     }
 }
 

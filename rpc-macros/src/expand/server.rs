@@ -128,13 +128,19 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
     }
 }
 
-/// `MethodDesc { name: "get", id: KvClient::GET }`.
+/// `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET, max_response: .. }`.
 fn method_desc(ctx: &Context, method: &MethodDef) -> TokenStream {
     let krate = &ctx.krate;
     let name = method.name();
     let full_name = qualified_name(&ctx.trait_ident.unraw().to_string(), &name);
     let id = ctx.method_id_path(method);
-    quote!(#krate::MethodDesc { name: #name, full_name: #full_name, id: #id })
+    let output = &method.output;
+    quote!(#krate::MethodDesc {
+        name: #name,
+        full_name: #full_name,
+        id: #id,
+        max_response: #krate::response_bound::<#output>(),
+    })
 }
 
 /// `KvClient::GET => { let inner = ..; serve(payload, place, move |(key,): (String,)| async move { .. }) }`.
