@@ -300,7 +300,7 @@ impl ServerProto {
     /// connection budget for an unknown one, so that it runs alone among the large ones) must
     /// fit this connection's budget, or the handler waits. A handler whose response is
     /// expected to be sent eagerly reserves nothing; it waits only while the bytes held that
-    /// exist fill the budget ([`Budget::has_room_for_small`]), not for the reservations of
+    /// exist fill the budget (`Budget::has_room_for_small`), not for the reservations of
     /// responses still being built: a long-running handler of an unknown size does not stop
     /// the small calls of its connection. That keeps a client that never READs its responses
     /// from making the server produce more of them. The reservation is exchanged for the real
