@@ -45,41 +45,29 @@ over_all_transports! {
         let s = setup_with(kind, ServerConfig::default().proto(common::proto()), ClientConfig::default().proto(common::proto())).await;
         // `echo` answered once: its answers are known to be small. `slow_echo` never was, and
         // its type (`Bytes`) bounds nothing: its first call reserves the connection's whole
-        // rendezvous budget while it runs (30 s).
+        // rendezvous budget while it runs.
         assert_eq!(s.client.echo(Bytes::from_static(b"warm")).await.unwrap(), Bytes::from_static(b"warm"));
-        let long = tokio::spawn({
-            let c = s.client.clone();
-            async move { c.slow_echo(30_000, Bytes::from_static(b"late")).await }
-        });
-        eventually("the long call runs", || s.probe.slow_started.load(Ordering::SeqCst) == 1).await;
-        let started = tokio::time::Instant::now();
-        for i in 0..10u8 {
-            let data = common::pattern(32, i);
-            assert_eq!(s.client.echo(data.clone()).await.unwrap(), data);
-        }
-        let took = started.elapsed();
-        assert!(took < Duration::from_secs(10), "the small calls waited {took:?} behind the long one");
-        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 0, "the long call still runs");
-        long.abort();
-        eventually("the long handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
+        let c = s.client.clone();
+        let long = tokio::spawn(async move { c.slow_echo(30_000, Bytes::from_static(b"late")).await });
+        answered_while_a_long_call_runs(&s, long, async {
+            for i in 0..10u8 {
+                let data = common::pattern(32, i);
+                assert_eq!(s.client.echo(data.clone()).await.unwrap(), data);
+            }
+        })
+        .await;
     }
 
     async fn a_method_whose_answer_type_is_small_never_takes_the_budget(kind: Kind) {
         let s = setup_with(kind, ServerConfig::default().proto(common::proto()), ClientConfig::default().proto(common::proto())).await;
         // `slow` answers a `u64`: its first call reserves nothing, so the first call of `echo`
-        // (unknown: it needs the whole budget) starts at once while `slow` runs (30 s).
-        let long = tokio::spawn({
-            let c = s.client.clone();
-            async move { c.slow(30_000).await }
-        });
-        eventually("the long call runs", || s.probe.slow_started.load(Ordering::SeqCst) == 1).await;
-        let started = tokio::time::Instant::now();
-        assert_eq!(s.client.echo(Bytes::from_static(b"first")).await.unwrap(), Bytes::from_static(b"first"));
-        let took = started.elapsed();
-        assert!(took < Duration::from_secs(10), "the first echo waited {took:?} behind the long call");
-        assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 0, "the long call still runs");
-        long.abort();
-        eventually("the long handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
+        // (unknown: it needs the whole budget) starts at once while `slow` runs.
+        let c = s.client.clone();
+        let long = tokio::spawn(async move { c.slow(30_000).await });
+        answered_while_a_long_call_runs(&s, long, async {
+            assert_eq!(s.client.echo(Bytes::from_static(b"first")).await.unwrap(), Bytes::from_static(b"first"));
+        })
+        .await;
     }
 
     async fn connections_beyond_the_cap_wait_until_one_closes(kind: Kind) {
@@ -166,4 +154,21 @@ over_all_transports! {
         eventually("every call counted", || s.server.stats().proto.calls_completed == 20).await;
         assert_eq!(s.server.resources().rendezvous_bytes_held, 0);
     }
+}
+
+/// Runs `calls` once `long`, a call of 30 s, has started on the same connection: they must be
+/// answered well before it ends (10 s). Then `long` is dropped, and its handler with it.
+async fn answered_while_a_long_call_runs<T>(
+    s: &common::Setup,
+    long: tokio::task::JoinHandle<T>,
+    calls: impl std::future::Future<Output = ()>,
+) {
+    eventually("the long call runs", || s.probe.slow_started.load(Ordering::SeqCst) == 1).await;
+    let started = tokio::time::Instant::now();
+    calls.await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "the calls waited {took:?} behind the long one");
+    assert_eq!(s.probe.slow_finished.load(Ordering::SeqCst), 0, "the long call still runs");
+    long.abort();
+    eventually("the long handler was dropped", || s.probe.slow_dropped.load(Ordering::SeqCst) == 1).await;
 }
