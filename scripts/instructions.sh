@@ -52,9 +52,12 @@ trap 'rm -rf "$work"' EXIT
 # Atomic read-modify-write instructions are counted too (scripts/atomics.py: callgrind's
 # per-instruction counts at the addresses objdump shows with a `lock` prefix or a memory `xchg`):
 # each costs about 20 cycles even uncontended, so two builds with the same instruction count can
-# differ in time by their atomics. Without python3 or objdump that column and the lines say n/a.
-atomics=yes
-command -v python3 >/dev/null 2>&1 && command -v objdump >/dev/null 2>&1 || atomics=no
+# differ in time by their atomics. Without python3 or objdump that column says n/a; without
+# python3 the lines say n/a too.
+python=yes
+command -v python3 >/dev/null 2>&1 || python=no
+atomics="$python"
+command -v objdump >/dev/null 2>&1 || atomics=no
 
 # count SYSTEM LISTEN OUTSTANDING CALLS OUT: the instructions callgrind counted for one run (its
 # profile written to OUT), and the atomic instructions among them (or n/a).
@@ -83,7 +86,7 @@ for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1
     atomic_per=n/a
     [[ "$a1" != n/a ]] && atomic_per="$(awk -v a="$a1" -v b="$a2" -v n=$((n2 - n1)) 'BEGIN { printf "%.1f", (b - a) / n }')"
     lines=n/a
-    [[ "$atomics" == yes ]] && lines="$(python3 scripts/footprint.py "$work/short.out" "$work/long.out" $((n2 - n1)))"
+    [[ "$python" == yes ]] && lines="$(python3 scripts/footprint.py "$work/short.out" "$work/long.out" $((n2 - n1)))"
     printf '%-10s %-10s %10s %14s %16s %16s %14s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2" \
         "$atomic_per" "$lines"
 done

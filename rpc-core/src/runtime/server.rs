@@ -332,10 +332,10 @@ type SlotFuture = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, Acqui
 
 /// The response size expected of each of the service's methods on one connection: the largest
 /// seen lately (it decays towards smaller ones), at first the bound its answer's type gives
-/// ([`MethodDesc::max_response`](crate::MethodDesc::max_response)). A method not seen yet and of no such bound is unknown (its first
-/// handler on a connection takes the whole rendezvous budget: see
-/// `ServerProto::try_start_handler`); an id the service does not have answers with a small
-/// error. One entry per method of the service: a peer cannot grow it.
+/// ([`MethodDesc::max_response`](crate::MethodDesc::max_response)). A method not seen yet and
+/// of no such bound is unknown (its first handler on a connection takes the whole rendezvous
+/// budget: see `ServerProto::try_start_handler`); an id the service does not have answers with
+/// a small error. One entry per method of the service: a peer cannot grow it.
 struct ResponseEstimates {
     by_method: Vec<(MethodId, Option<u64>)>,
 }
