@@ -14,10 +14,12 @@
 #     `rpc-bench doctor --device <dev>`, each test binary with `--ignored --test-threads 2`, `kv demo`
 #     over rdma://, then RPC_RDMA_SUITE_ROUNDS rounds (default 5) of rpc-bench (echo 32 B event-driven
 #     and busy-polling, download and upload 1 MiB and 16 MiB with 1 and with 4 calls in flight, a few
-#     seconds per point) and scripts/vm/perftest.sh <dev>, in alternating order;
+#     seconds per point) and scripts/vm/perftest.sh <dev>, in alternating order; last
+#     scripts/vm/verbs-instructions.sh (the user-space instructions a 32 B echo call costs the
+#     client and the server process, counted by callgrind: ~2 min per device);
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest: medians over the rounds, each round's ratio (its rpc-bench figure over its own
-#     perftest run) and the median of those ratios, last on the line.
+#     perftest run) and the median of those ratios, last on the line; then the instructions per call.
 #
 # Options:
 #   --timeout SECS  bound on the whole run (setup, builds, VM); default 2400 or $RPC_RDMA_SUITE_TIMEOUT.
@@ -30,8 +32,8 @@
 #   busy-poll window of the second 32 B echo run, default 2000), RPC_RDMA_SUITE_ROUNDS (rounds of
 #   rpc-bench and perftest per device, default 5), RPC_VM_CACHE (see common.sh).
 #
-# Exit status: 0 if the doctor passed, every test binary passed and ran > 0 tests, the demo and every
-# bench run succeeded on both devices; 1 if anything failed, was not run, or the VM timed out; 78 if
+# Exit status: 0 if the doctor passed, every test binary passed and ran > 0 tests, the demo, every
+# bench run and the instruction count (unless valgrind is missing: then it says so) succeeded on both devices; 1 if anything failed, was not run, or the VM timed out; 78 if
 # this machine cannot run the VM at all (setup.sh failed, no qemu-system-x86_64, or the VM did not
 # boot / set up RDMA); 2 usage.
 # Logs: <cache>/out/rdma-suite-<date>-XXXX/ (printed at the end; the newest 10 are kept).
@@ -161,6 +163,18 @@ run_bench() {
     grep -a -A4 '^# rpc-core over rdma' "$log" | grep -aE '^ +[0-9]' || true
 }
 
+# run_instructions DEV: instructions per 32 B echo call of the client and the server process
+# (verbs-instructions.sh: callgrind, deterministic where the rounds' wall clock is not); recorded as
+# step instructions. Printed, not asserted; a run that fails fails the suite like a bench point.
+run_instructions() {
+    local dev="$1" log="$SUITE_DIR/$1/instructions.log"
+    run_step "$log" "$VM_SCRIPTS_DIR/verbs-instructions.sh" "$BENCH_BIN" "$dev"
+    local line
+    line="$(grep -a -E '^VERBS-INSTRUCTIONS|DID NOT RUN' "$log" | tail -n 1 || true)"
+    record "$dev" instructions instructions "$STEP_STATUS" - - "${line:-no VERBS-INSTRUCTIONS line}"
+    echo "[$dev] instructions per call: $(status_word "$STEP_STATUS") in ${STEP_SECS} s: ${line:-see $log}"
+}
+
 # run_perftest DEV ROUND: perftest.sh for one round; recorded as step perftest@ROUND.
 run_perftest() {
     local dev="$1" round="$2" dir
@@ -226,6 +240,7 @@ in_vm() {
                 run_benches "$dev" "$round"
             fi
         done
+        run_instructions "$dev"
     done
     echo "===== done ($(date -u +%H:%M:%S))"
     touch "$SUITE_DIR/vm.done"
@@ -404,6 +419,21 @@ pool_lines() {
     done
 }
 
+# The instructions one 32 B echo call costs each process (verbs-instructions.sh's line).
+instructions_line() {
+    local r detail
+    r="$(result_of "$1" instructions instructions)"
+    detail="$(cut -f7 <<<"$r")"
+    echo "  user-space instructions per 32 B echo call (callgrind, event-driven; scripts/vm/verbs-instructions.sh):"
+    if [[ "$detail" == VERBS-INSTRUCTIONS* ]]; then
+        # dev=D client=N server=N client_lines=N server_lines=N
+        read -r _ _ c s cl sl <<<"$detail"
+        printf '    client %s (%s code lines), server %s (%s code lines)\n' "${c#*=}" "${cl#*=}" "${s#*=}" "${sl#*=}"
+    else
+        printf '    %s\n' "${detail:-NOT RUN}"
+    fi
+}
+
 bench_table() {
     local dev="$1" round bench p50 lat ref gbps mibps key tool csv mode run w sz label
     local ours refs ratios
@@ -503,6 +533,7 @@ summarize() {
             done
             all_steps+=("perftest:perftest@$round")
         done
+        all_steps+=(instructions:instructions)
         for steps in "${all_steps[@]}"; do
             r="$(result_of "$dev" "${steps%%:*}" "${steps#*:}")"
             status="$(cut -f4 <<<"$r")"
@@ -528,6 +559,7 @@ summarize() {
             pool_lines "$dev"
         fi
         bench_table "$dev"
+        instructions_line "$dev"
     done
     if [[ -s "$SUITE_DIR/flaky.tsv" ]]; then
         echo

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Instructions per small call over real verbs, per process: the user-space work (ours, libibverbs and
+# the provider's) that one 32 B echo round trip costs the client and the server on DEV. Runs INSIDE
+# the VM (e.g. `scripts/vm/run.sh -- scripts/vm/verbs-instructions.sh target/release/rpc-bench rxe0`;
+# the rdma suite runs it per device, on its release build).
+#
+#   scripts/vm/verbs-instructions.sh BIN DEV [N1,N2]
+#
+# Wall-clock figures under TCG move by up to 2x between runs (the suite's rounds); these do not:
+# callgrind counts the instructions each process runs, whatever the machine is doing. Under TCG a
+# guest instruction costs several nanoseconds, so on the VM the verbs path's round trip against
+# perftest's is mostly these instructions (perftest's own loop runs a few hundred per message, the
+# provider's). Like scripts/instructions.sh on the host: BIN's `run` of the 32 B echo (event-driven,
+# one call in flight, its server a child process) twice under callgrind (--trace-children), with N1
+# and N2 measured calls after the same warm-up (default 1000,3000: about 2 min under TCG), and per
+# process (I(N2) - I(N1)) / (N2 - N1): start-up, connection set-up, warm-up and reporting cancel out.
+# Both processes' counts include the harness (the client's timing and recording of each call) and
+# tokio's wake-ups on the completion channel.
+#
+# Prints one line:
+#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N
+# (lines: the 64-byte lines of code run at least once per two calls, scripts/footprint.py; n/a without
+# python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
+set -euo pipefail
+
+BIN="${1:?usage: verbs-instructions.sh BIN DEV [N1,N2]}"
+DEV="${2:?usage: verbs-instructions.sh BIN DEV [N1,N2]}"
+calls="${3:-1000,3000}"
+n1="${calls%,*}"
+n2="${calls#*,}"
+if ! [[ "$n1" =~ ^[0-9]+$ && "$n2" =~ ^[0-9]+$ ]] || ((n2 <= n1)); then
+    echo "verbs-instructions.sh: N1,N2 with N2 > N1" >&2
+    exit 2
+fi
+SERVER_IP=10.0.2.15
+SCRIPTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+if ! command -v valgrind >/dev/null 2>&1; then
+    printf '\n!!! VERBS INSTRUCTION COUNTS DID NOT RUN: valgrind is missing (apt-get install valgrind). !!!\n'
+    exit 0
+fi
+[[ -x "$BIN" ]] || { echo "verbs-instructions.sh: no executable $BIN" >&2; exit 2; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# run N: one callgrind run of N measured calls; its profiles are $work/N-<pid>.out, one per process.
+run() {
+    if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --dump-instr=yes --trace-children=yes \
+        --callgrind-out-file="$work/$1-%p.out" "$BIN" run --listen "rdma://$SERVER_IP:0" --workload echo \
+        --sizes 32 --iters "$1" --warmup 500 --no-plots --out "$work/bench-$1" >"$work/log-$1" 2>&1; then
+        cat "$work/log-$1" >&2
+        echo "verbs-instructions.sh: the callgrind run of $1 calls on $DEV failed" >&2
+        return 1
+    fi
+}
+
+# profile N ROLE: the profile of ROLE (client: the process that ran `run`; server: its child, which
+# runs `server`) in run N.
+profile() {
+    local f role
+    for f in "$work/$1"-*.out; do
+        role=client
+        grep -q '^cmd: .* server ' "$f" && role=server
+        if [[ "$role" == "$2" ]]; then
+            echo "$f"
+            return 0
+        fi
+    done
+    echo "verbs-instructions.sh: no $2 profile from the run of $1 calls" >&2
+    return 1
+}
+
+total() { sed -n 's/^summary: //p' "$1"; }
+
+run "$n1"
+run "$n2"
+out="VERBS-INSTRUCTIONS dev=$DEV"
+for role in client server; do
+    a="$(profile "$n1" "$role")"
+    b="$(profile "$n2" "$role")"
+    out+=" $role=$(( ($(total "$b") - $(total "$a")) / (n2 - n1) ))"
+done
+for role in client server; do
+    lines=n/a
+    if command -v python3 >/dev/null 2>&1; then
+        lines="$(python3 "$SCRIPTS/footprint.py" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
+    fi
+    out+=" ${role}_lines=$lines"
+done
+echo "$out"
