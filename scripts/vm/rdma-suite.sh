@@ -16,15 +16,16 @@
 #     and busy-polling, download and upload 1 MiB and 16 MiB with 1 and with 4 calls in flight, a few
 #     seconds per point) and scripts/vm/perftest.sh <dev>, in alternating order; last
 #     scripts/vm/verbs-instructions.sh (the user-space instructions a 32 B echo call costs the
-#     client and the server process, counted by callgrind: ~2 min per device);
+#     client and the server process, counted by callgrind: ~3.5 min per device);
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest: medians over the rounds, each round's ratio (its rpc-bench figure over its own
 #     perftest run) and the median of those ratios, last on the line; then the instructions per call.
 #
 # Options:
-#   --timeout SECS  bound on the whole run (setup, builds, VM); default 2400 or $RPC_RDMA_SUITE_TIMEOUT.
-#                   The VM gets what is left after setup and builds (warm: ~22 min of VM time needed
-#                   with 5 rounds: ~3.5 min of tests and demo and ~100 s per round, per device).
+#   --timeout SECS  bound on the whole run (setup, builds, VM); default 2700 or $RPC_RDMA_SUITE_TIMEOUT.
+#                   The VM gets what is left after setup and builds (warm: ~29 min of VM time needed
+#                   with 5 rounds: ~3.5 min of tests and demo, ~100 s per round and ~3.5 min of
+#                   instruction counting, per device).
 #   --bench-only    a measuring boot: doctor, rpc-bench and perftest only (no test binary, no demo);
 #                   its summary says so, and it is no substitute for the suite.
 # Environment: RPC_RDMA_SUITE_STEP_TIMEOUT (seconds per step in the VM, default 400),
@@ -260,7 +261,7 @@ no_vm() {
     exit "$EXIT_NO_VM"
 }
 
-TOTAL_TIMEOUT="${RPC_RDMA_SUITE_TIMEOUT:-2400}"
+TOTAL_TIMEOUT="${RPC_RDMA_SUITE_TIMEOUT:-2700}"
 parse_args() {
     while (($# > 0)); do
         case "$1" in

@@ -12,7 +12,7 @@
 # perftest's is mostly these instructions (perftest's own loop runs a few hundred per message, the
 # provider's). Like scripts/instructions.sh on the host: BIN's `run` of the 32 B echo (event-driven,
 # one call in flight, its server a child process) twice under callgrind (--trace-children), with N1
-# and N2 measured calls after the same warm-up (default 1000,3000: about 2 min under TCG), and per
+# and N2 measured calls after the same warm-up (default 1000,3000: about 3.5 min under TCG), and per
 # process (I(N2) - I(N1)) / (N2 - N1): start-up, connection set-up, warm-up and reporting cancel out.
 # Both processes' counts include the harness (the client's timing and recording of each call) and
 # tokio's wake-ups on the completion channel.
