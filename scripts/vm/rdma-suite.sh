@@ -165,7 +165,7 @@ run_bench() {
 }
 
 # run_instructions DEV: instructions per 32 B echo call of the client and the server process
-# (verbs-instructions.sh: callgrind, deterministic where the rounds' wall clock is not); recorded as
+# (verbs-instructions.sh: callgrind, repeatable to ~1.5% where the rounds' wall clock is not); recorded as
 # step instructions. Printed, not asserted; a run that fails fails the suite like a bench point.
 run_instructions() {
     local dev="$1" log="$SUITE_DIR/$1/instructions.log"

@@ -6,11 +6,12 @@
 #
 #   scripts/vm/verbs-instructions.sh BIN DEV [N1,N2]
 #
-# Wall-clock figures under TCG move by up to 2x between runs (the suite's rounds); these do not:
-# callgrind counts the instructions each process runs, whatever the machine is doing. Under TCG a
-# guest instruction costs several nanoseconds, so on the VM the verbs path's round trip against
-# perftest's is mostly these instructions (perftest's own loop runs a few hundred per message, the
-# provider's). Like scripts/instructions.sh on the host: BIN's `run` of the 32 B echo (event-driven,
+# Wall-clock figures under TCG move by up to 4x between runs (the suite's rounds); these move by
+# ~1.5% (how many wake-ups find the next completion already there): callgrind counts the
+# instructions each process runs, whatever the machine is doing. Under TCG a guest instruction
+# costs several nanoseconds, so on the VM the verbs path's round trip against perftest's is mostly
+# these instructions (perftest's `ib_send_lat -e` runs ~1.7k per message and side, the provider's
+# and its end-of-run sorting of the samples included; ours ~8-9k). Like scripts/instructions.sh on the host: BIN's `run` of the 32 B echo (event-driven,
 # one call in flight, its server a child process) twice under callgrind (--trace-children), with N1
 # and N2 measured calls after the same warm-up (default 1000,3000: about 3.5 min under TCG), and per
 # process (I(N2) - I(N1)) / (N2 - N1): start-up, connection set-up, warm-up and reporting cancel out.
