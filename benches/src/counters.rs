@@ -57,6 +57,9 @@ pub struct Counters {
     /// Handler tasks spawned (server side).
     #[serde(default)]
     pub handlers_spawned: u64,
+    /// Posts of SENDs to the transport: write system calls (tcp), `ibv_post_send` calls (rdma).
+    #[serde(default)]
+    pub send_posts: u64,
 }
 
 impl From<&ConnStats> for Counters {
@@ -86,6 +89,7 @@ impl From<&ConnStats> for Counters {
             reads_served_from_push: t.reads_served_from_push,
             driver_polls: s.driver_polls,
             handlers_spawned: s.handlers_spawned,
+            send_posts: t.send_posts,
         }
     }
 }
@@ -93,7 +97,7 @@ impl From<&ConnStats> for Counters {
 impl Counters {
     /// Field-by-field sum.
     pub fn add(&mut self, o: &Counters) {
-        let pairs: [(&mut u64, u64); 23] = [
+        let pairs: [(&mut u64, u64); 24] = [
             (&mut self.calls_completed, o.calls_completed),
             (&mut self.eager_sent, o.eager_sent),
             (&mut self.rendezvous_sent, o.rendezvous_sent),
@@ -117,6 +121,7 @@ impl Counters {
             (&mut self.reads_served_from_push, o.reads_served_from_push),
             (&mut self.driver_polls, o.driver_polls),
             (&mut self.handlers_spawned, o.handlers_spawned),
+            (&mut self.send_posts, o.send_posts),
         ];
         for (mine, theirs) in pairs {
             *mine += theirs;
@@ -124,7 +129,7 @@ impl Counters {
     }
 
     /// The rows printed at the end of a run: `(name, value)`.
-    pub fn rows(&self) -> [(&'static str, u64); 19] {
+    pub fn rows(&self) -> [(&'static str, u64); 20] {
         [
             ("calls completed", self.calls_completed),
             ("eager sent", self.eager_sent),
@@ -145,6 +150,7 @@ impl Counters {
             ("cancels", self.cancels),
             ("driver polls", self.driver_polls),
             ("handlers spawned", self.handlers_spawned),
+            ("SEND posts", self.send_posts),
         ]
     }
 }

@@ -2,7 +2,9 @@
 //! (`ClientConfig::caller_drives`): it posts its request and polls the connection while it
 //! waits. The role moves between tasks as calls come and go; none of it may lose a wake-up,
 //! whatever mix of lone calls, concurrent calls, cancelled calls and rendezvous payloads. (A
-//! lone call whose peer dies: `e2e_failures`.)
+//! lone call whose peer dies: `e2e_failures`.) Calls that end together are followed by calls
+//! that leave together: the driver neither lets the first of them go alone from its caller's
+//! task nor sends what waited for credits just ahead of them (last tests, mem and tcp).
 
 mod common;
 
@@ -197,4 +199,98 @@ over_all_transports! {
             assert_eq!(s.client.echo(Bytes::from_static(b"again")).await.expect("echo"), "again");
         }
     }
+}
+
+/// A caller that keeps more calls in flight than the server's receives (16, `common::proto`)
+/// can take: every batch of answers brings credits for requests that waited, and those leave
+/// together with the calls the answers' callers start next (`ClientDriver::hold_sends`), not
+/// alone just ahead of them: one post of SENDs to the transport per batch (tcp: one write
+/// system call; `TransportCounters::send_posts`), not two.
+async fn requests_that_waited_for_credits_leave_with_the_next_calls(kind: Kind) {
+    common::on_one_thread(move || async move {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        const CALLS: usize = 600;
+        const OUTSTANDING: usize = 24;
+        let s = setup(kind, true).await;
+        let before = s.client.client().stats().await.expect("stats");
+        let mut in_flight = FuturesUnordered::new();
+        let mut started = 0;
+        let echo = |i: usize| {
+            let client = &s.client;
+            async move { (i, client.echo(pattern(32, i as u8)).await) }
+        };
+        while started < OUTSTANDING {
+            in_flight.push(echo(started));
+            started += 1;
+        }
+        while let Some((i, echoed)) = in_flight.next().await {
+            assert_eq!(echoed.expect("echo"), pattern(32, i as u8), "call {i}");
+            if started < CALLS {
+                in_flight.push(echo(started));
+                started += 1;
+            }
+        }
+        let after = s.client.client().stats().await.expect("stats");
+        let stalls = after.proto.credit_stalls - before.proto.credit_stalls;
+        let sends = after.transport.sends - before.transport.sends;
+        let posts = after.transport.send_posts - before.transport.send_posts;
+        eprintln!("{kind:?}: {stalls} requests waited for credits; {sends} SENDs in {posts} posts");
+        assert!(stalls >= 10, "the test needs requests that wait for credits: {stalls}");
+        // A round's requests leave in one post: as many posts as rounds, about CALLS / 15.
+        assert!(posts * 10 <= sends, "{sends} SENDs in {posts} posts");
+        assert_eq!(after.calls_in_flight, 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_waited_for_credits_leave_with_the_next_calls_mem() {
+    let test = requests_that_waited_for_credits_leave_with_the_next_calls(Kind::Mem);
+    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_waited_for_credits_leave_with_the_next_calls_tcp() {
+    let test = requests_that_waited_for_credits_leave_with_the_next_calls(Kind::Tcp);
+    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
+}
+
+/// Rounds of 8 concurrent calls from one task: each round's calls end in one pass of the driver,
+/// and the next round's first call, alone in flight when it starts, goes through the queue with
+/// the other 7 (one SEND batch: one system call, one wake-up of the peer) instead of leaving
+/// alone ahead of them from its caller's task (`Conn::start_here`). Only the first round's first
+/// call drives (it follows no round). Not over verbs: there the answers of a round may come out
+/// of the completion queue in several passes, and the last of them may end one call alone (the
+/// next call then drives, as it should), so the count depends on timing.
+async fn calls_that_end_together_are_followed_by_calls_sent_together(kind: Kind) {
+    common::on_one_thread(move || async move {
+        const ROUNDS: u64 = 20;
+        let s = setup(kind, true).await;
+        let before = s.client.client().stats().await.expect("stats");
+        for round in 0..ROUNDS {
+            let calls = (0..8u8).map(|i| s.client.echo(pattern(32, i)));
+            for (i, echoed) in futures::future::join_all(calls).await.into_iter().enumerate() {
+                assert_eq!(echoed.expect("echo"), pattern(32, i as u8), "round {round}");
+            }
+        }
+        let after = s.client.client().stats().await.expect("stats");
+        let passes = after.caller_passes - before.caller_passes;
+        eprintln!("{kind:?}: {passes} caller passes in {ROUNDS} rounds");
+        assert!(passes <= 4, "{passes} caller passes in {ROUNDS} rounds of calls sent together");
+        // Whatever it asks of the driver task, every call still ends.
+        assert_eq!(after.calls_in_flight, 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_end_together_are_followed_by_calls_sent_together_mem() {
+    let test = calls_that_end_together_are_followed_by_calls_sent_together(Kind::Mem);
+    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_end_together_are_followed_by_calls_sent_together_tcp() {
+    let test = calls_that_end_together_are_followed_by_calls_sent_together(Kind::Tcp);
+    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
 }

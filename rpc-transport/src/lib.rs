@@ -470,6 +470,11 @@ pub struct TransportCounters {
     /// Zero-length RDMA WRITEs sent while waiting for the peer's hello (rdma over iWARP,
     /// connecting side: see `RdmaConfig::hello_nudge_after`).
     pub hello_nudges: u64,
+    /// Times work went to the device or the socket on the sending side: `ibv_post_send` calls
+    /// (rdma: SENDs and READs, up to 16 work requests each), write system calls (tcp: the
+    /// caller's direct writes and the writer task's; each carries any number of frames), calls
+    /// that posted SENDs (mem). Fewer than `sends` when SENDs leave in batches.
+    pub send_posts: u64,
 }
 
 impl TransportCounters {
@@ -495,6 +500,7 @@ impl TransportCounters {
         out.reads_served_from_push += other.reads_served_from_push;
         out.sends_unsignaled += other.sends_unsignaled;
         out.sends_direct += other.sends_direct;
+        out.send_posts += other.send_posts;
         out.hello_nudges += other.hello_nudges;
         out
     }

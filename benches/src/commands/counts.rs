@@ -15,7 +15,10 @@
 //!   `--features count-allocs`;
 //! * polls of the calling future (a poll-counting wrapper around each call);
 //! * polls of the client's and of the server's connection driver ([`rpc_core::ConnStats`]);
-//! * handler tasks the server spawned.
+//! * handler tasks the server spawned;
+//! * posts of SENDs to the transport by the client and by the server
+//!   (`TransportCounters::send_posts`: write system calls on tcp, `ibv_post_send` calls on
+//!   rdma): how many calls' messages leave together.
 
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -106,6 +109,9 @@ struct Row {
     client_driver_polls: f64,
     server_driver_polls: Option<f64>,
     handlers_spawned: Option<f64>,
+    /// Posts of SENDs to the transport (tcp: write system calls; rdma: `ibv_post_send` calls).
+    client_send_posts: f64,
+    server_send_posts: Option<f64>,
 }
 
 pub(super) async fn counts(args: CountsArgs) -> Result<(), BenchError> {
@@ -210,6 +216,8 @@ async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<R
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
         server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
         handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
+        client_send_posts: per_call(client1.transport.send_posts - client0.transport.send_posts),
+        server_send_posts: Some(per_call(server1.transport.send_posts - server0.transport.send_posts)),
     })
 }
 
@@ -257,6 +265,8 @@ async fn measure_pipelined(transport: &str, args: &CountsArgs) -> Result<Row, Be
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
         server_driver_polls: Some(per_call(server1.driver_polls - server0.driver_polls)),
         handlers_spawned: Some(per_call(server1.handlers_spawned - server0.handlers_spawned)),
+        client_send_posts: per_call(client1.transport.send_posts - client0.transport.send_posts),
+        server_send_posts: Some(per_call(server1.transport.send_posts - server0.transport.send_posts)),
     })
 }
 
@@ -319,6 +329,8 @@ async fn measure_client_alone(kind: CallKind, args: &CountsArgs) -> Result<Row, 
         client_driver_polls: per_call(client1.driver_polls - client0.driver_polls),
         server_driver_polls: None,
         handlers_spawned: None,
+        client_send_posts: per_call(client1.transport.send_posts - client0.transport.send_posts),
+        server_send_posts: None,
     })
 }
 
@@ -382,13 +394,13 @@ fn print(args: &CountsArgs, rows: &[Row]) {
     );
     println!();
     println!(
-        "| transport | call | allocations | bytes allocated | caller polls | caller passes | client driver polls | server driver polls | handler tasks |"
+        "| transport | call | allocations | bytes allocated | caller polls | caller passes | client driver polls | server driver polls | handler tasks | SEND posts (client / server) |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let opt = |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {:.3} / {} |",
             r.transport,
             r.call,
             opt(r.allocations, 2),
@@ -398,6 +410,8 @@ fn print(args: &CountsArgs, rows: &[Row]) {
             r.client_driver_polls,
             opt(r.server_driver_polls, 2),
             opt(r.handlers_spawned, 2),
+            r.client_send_posts,
+            opt(r.server_send_posts, 3),
         );
     }
     if rows.iter().any(|r| r.allocations.is_none()) {

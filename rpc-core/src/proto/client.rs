@@ -531,6 +531,11 @@ impl ClientProto {
         self.events.pop_front()
     }
 
+    /// Whether [`Self::poll_event`] has an event.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Largest payload sent inline (with no metadata) to this server.
     pub fn eager_limit(&self) -> usize {
         self.link.eager_limit

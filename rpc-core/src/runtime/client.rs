@@ -87,7 +87,12 @@ impl Conn {
         }
         let Some(engine) = self.engine.as_ref().and_then(Weak::upgrade) else { return Err(cmd) };
         let Some(mut state) = engine.try_state() else { return Err(cmd) };
-        if state.finished || state.closing || state.proto.calls_in_flight() > 0 {
+        // The last pass ended several calls at once: their callers are likely to start as many
+        // again in this run of their tasks, and through the queue they leave together (one
+        // system call, one wake-up of the peer). Started here, this one would leave alone, ahead
+        // of the rest, and the peer would answer it alone too: the calls would go on travelling
+        // in two groups, twice the system calls and wake-ups per round on both sides.
+        if state.finished || state.closing || state.proto.calls_in_flight() > 0 || state.ended_together > 1 {
             return Err(cmd);
         }
         let was_armed = std::mem::take(&mut state.idle_armed);
@@ -438,6 +443,10 @@ async fn open(
         may_cut_short: info.idle_poll_is_costly,
         route: route.clone(),
         caller_passes: 0,
+        ended_together: 0,
+        passes: 0,
+        ended_pass: 0,
+        held_sends: false,
     };
     let engine = Arc::new(Engine {
         state: Mutex::new(driver),
@@ -533,6 +542,15 @@ struct ClientDriver {
     route: Arc<Route>,
     /// Passes run by callers driving the connection (for [`ConnStats`]).
     caller_passes: u64,
+    /// Calls ended (their results delivered) by the latest pass that ended any. More than one:
+    /// the next call goes through the queue even if it is alone in flight ([`Conn::start_here`]).
+    ended_together: usize,
+    /// Passes begun, and the one `ended_together` counts for.
+    passes: u64,
+    ended_pass: u64,
+    /// The last round held its SENDs back for the callers it woke (see [`ClientDriver::poll_round`]):
+    /// the pass ends there and the task comes back. The next round posts whatever it has.
+    held_sends: bool,
 }
 
 impl ClientDriver {
@@ -603,6 +621,11 @@ impl ClientDriver {
             let wake = self.quiet != Some(call_id);
             self.cut_short |= !wake && self.may_cut_short;
             slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
+            if self.ended_pass != self.passes {
+                self.ended_pass = self.passes;
+                self.ended_together = 0;
+            }
+            self.ended_together += 1;
             match self.proto.poll_event() {
                 Some(next) => event = next,
                 None => break,
@@ -630,15 +653,32 @@ impl ClientDriver {
     }
 
     /// One round of work. Timers are driven when nothing else progressed (the round before the
-    /// driver waits) or when `last` (before it yields), so that they are armed whenever it
+    /// driver waits), when `last` (before it yields) or when the round holds its SENDs (the
+    /// pass then ends: see [`ClientDriver::hold_sends`]), so that they are armed whenever it
     /// stops, but not looked at in every busy round.
     fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool, last: bool) -> Result<bool, Fatal> {
-        let mut progressed = self.poll_commands(cx, armed);
+        let took = self.poll_commands(cx, armed);
+        let mut progressed = took;
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
-        if !progressed || last {
+        // A round that holds its SENDs ends the pass: timers are armed before it stops.
+        let hold = self.hold_sends(took);
+        if !progressed || last || hold {
             progressed |=
                 driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
         }
+        if hold {
+            // Calls ended in this round and their callers, woken now, are likely to start more
+            // at once (a pipelining caller keeps its calls in flight): what this round would
+            // send without having taken a command (requests that waited for credits the
+            // answers brought, a credit frame) waits for them, once. The pass ends here and the
+            // task comes back after the callers, whose requests then leave in the same batch
+            // (one system call, one wake-up of the peer) instead of just behind it.
+            self.deliver_events();
+            self.held_sends = true;
+            driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
+            return Ok(true);
+        }
+        self.held_sends = false;
         progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
         if !self.cut_short {
@@ -647,6 +687,20 @@ impl ClientDriver {
             driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
         }
         Ok(progressed)
+    }
+}
+
+impl ClientDriver {
+    /// Whether this round holds its SENDs back ([`ClientDriver::poll_round`]): it took no
+    /// command, it has SENDs and results for callers other than the one running the pass (the
+    /// driver task's pass only), and the round before did not hold already.
+    fn hold_sends(&self, took_commands: bool) -> bool {
+        !took_commands
+            && !self.held_sends
+            && self.quiet.is_none()
+            && !self.closing
+            && self.proto.has_events()
+            && self.proto.has_ops()
     }
 }
 
@@ -668,6 +722,7 @@ impl ClientDriver {
         }
         self.scratch.clock.reset();
         self.idle_armed = false;
+        self.passes += 1;
         let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
             match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
@@ -682,6 +737,11 @@ impl ClientDriver {
                 }
                 // The caller running this pass has its result: it need not wait for the rest.
                 Ok(true) if self.cut_short => return Poll::Pending,
+                // SENDs held for the callers just woken: come back after them.
+                Ok(true) if self.held_sends => {
+                    wake_after_others(cx);
+                    return Poll::Pending;
+                }
                 Ok(true) => continue,
                 Ok(false) => {
                     self.idle_armed = true;
@@ -732,6 +792,16 @@ impl ClientDriver {
         self.finished = true;
         Poll::Ready(())
     }
+}
+
+/// Wakes `cx`'s task once the tasks woken so far have run, and the future a runtime's
+/// `block_on` drives too: tokio defers the wake-up of a task that yields until then, where a
+/// plain wake-up would run the task before that future (tokio's current-thread scheduler polls
+/// it once per batch of tasks).
+fn wake_after_others(cx: &mut Context<'_>) {
+    let mut yielding = std::pin::pin!(tokio::task::yield_now());
+    // Its first poll defers the wake-up and is pending; dropping it then cancels nothing.
+    let _ = yielding.as_mut().poll(cx);
 }
 
 fn start_error(e: StartError) -> CallError {

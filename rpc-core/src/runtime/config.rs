@@ -33,7 +33,9 @@ pub struct ClientConfig {
     /// once per such call, which runs them off the call's path (or finds the next lone call
     /// driving already). Over mem and tcp, where those rounds cost no system call, the caller
     /// runs them too and the driver task is not woken. Calls made while others are in flight go
-    /// through the driver task, which batches their SENDs. Default `true`; `false`: every call
+    /// through the driver task, which batches their SENDs; so does a call that starts alone
+    /// just after several calls ended together (a caller that keeps calls in flight is about to
+    /// start as many again, and they leave in one batch). Default `true`; `false`: every call
     /// goes through the driver task. No memory cost either way.
     pub caller_drives: bool,
 }

@@ -23,6 +23,8 @@ pub(crate) struct MemConnection {
     plan: Arc<FaultPlan>,
     info: ConnInfo,
     delay: DelayLine,
+    /// Calls that posted SENDs (`TransportCounters::send_posts`).
+    send_posts: u64,
 }
 
 /// Creates both ends of a connection under `name`: each end's receives are posted here, before
@@ -54,6 +56,7 @@ pub(crate) fn pair(
         plan: plan.clone(),
         info: info(server, format!("mem://{name}")),
         delay: DelayLine::default(),
+        send_posts: 0,
     };
     let server_conn = MemConnection {
         local: server_end,
@@ -61,6 +64,7 @@ pub(crate) fn pair(
         plan,
         info: info(client, format!("mem://{name} (client)")),
         delay: DelayLine::default(),
+        send_posts: 0,
     };
     (client_conn, server_conn)
 }
@@ -148,6 +152,7 @@ impl Connection for MemConnection {
     }
 
     fn post_send(&mut self, wr_id: WrId, msg: SendBuf) -> Result<(), TransportError> {
+        self.send_posts += 1;
         self.send(wr_id, msg, None)
     }
 
@@ -156,6 +161,7 @@ impl Connection for MemConnection {
         sends: &mut Vec<(WrId, SendBuf)>,
         done: &mut Vec<(WrId, Result<(), TransportError>)>,
     ) -> Result<(), TransportError> {
+        self.send_posts += u64::from(!sends.is_empty());
         crate::take_each(sends, |(wr_id, msg)| self.send(wr_id, msg, Some(&mut *done)))
     }
 
@@ -206,7 +212,9 @@ impl Connection for MemConnection {
     }
 
     fn counters(&self) -> TransportCounters {
-        self.local.counters()
+        let mut counters = self.local.counters();
+        counters.send_posts = self.send_posts;
+        counters
     }
 
     fn close(&mut self) {

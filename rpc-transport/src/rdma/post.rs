@@ -425,6 +425,7 @@ impl RdmaConnection {
         self.flush_rq();
         while !self.sq_batch.is_empty() {
             let n = self.sq_batch.len().min(POST_BATCH);
+            self.counters.send_posts += 1;
             let result = match self.qp.as_ref() {
                 // SAFETY: every SGE names memory registered in the QP's PD and kept alive past the
                 // request's completion (or flush, or the QP's destruction): a send slab slot, a

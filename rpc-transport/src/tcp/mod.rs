@@ -374,7 +374,9 @@ impl Connection for TcpConnection {
     }
 
     fn counters(&self) -> TransportCounters {
-        self.soft.counters()
+        let mut counters = self.soft.counters();
+        counters.send_posts = self.out.writes();
+        counters
     }
 
     fn close(&mut self) {

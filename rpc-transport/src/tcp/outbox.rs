@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Waker};
 
@@ -145,6 +146,11 @@ struct Inner {
     state: Mutex<State>,
     /// The socket, for direct writes and for the writer (`None` in tests without a socket).
     stream: Option<OwnedWriteHalf>,
+    /// Write system calls made on the socket (`TransportCounters::send_posts`): direct ones
+    /// (made under the queue's lock) and the writer task's. Each has one writer at a time, so
+    /// it is counted with a load and a store, no atomic read-modify-write.
+    direct_writes: AtomicU64,
+    writer_writes: AtomicU64,
 }
 
 /// The queue, and who may write. One lock for both: a frame queued sets `busy` in the same step,
@@ -177,6 +183,11 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// One more on a counter that only one thread at a time updates (see `Inner::direct_writes`).
+fn count(counter: &AtomicU64) {
+    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 /// Queues `frames` in order (dropped if the writer is gone) and marks the writer busy, then
@@ -222,10 +233,20 @@ impl Drop for Outbox {
 }
 
 impl Outbox {
+    /// Write system calls made on the socket so far (`TransportCounters::send_posts`).
+    pub(crate) fn writes(&self) -> u64 {
+        self.inner.direct_writes.load(Ordering::Relaxed) + self.inner.writer_writes.load(Ordering::Relaxed)
+    }
+
     /// An outbox over the write half of a socket, and the writer's end of its queue.
     pub(crate) fn new(stream: Option<OwnedWriteHalf>) -> (Outbox, OutboxRx) {
         let state = State { senders: 1, ..State::default() };
-        let inner = Arc::new(Inner { state: Mutex::new(state), stream });
+        let inner = Arc::new(Inner {
+            state: Mutex::new(state),
+            stream,
+            direct_writes: AtomicU64::new(0),
+            writer_writes: AtomicU64::new(0),
+        });
         (Outbox { inner: inner.clone() }, OutboxRx { inner })
     }
 
@@ -255,6 +276,7 @@ impl Outbox {
             }
         };
         let total = 1 + wire::SEND_HEADER + msg.len();
+        count(&self.inner.direct_writes);
         // Would block, or failed: the writer takes it all (and meets the error, if any).
         let written = if total <= SMALL_FRAME {
             // A small call's frame: assembled on the stack, one plain write.
@@ -290,6 +312,7 @@ impl Outbox {
             && frames.iter().map(|(_, msg)| msg.len()).sum::<usize>() <= DIRECT_MAX;
         let written = match &self.inner.stream {
             Some(stream) if !state.busy && fits => {
+                count(&self.inner.direct_writes);
                 // Would block, or failed: the writer takes them all (and meets the error).
                 write_gathered::<{ 2 * DIRECT_BATCH + 1 }>(stream, frames.iter().map(|(_, msg)| msg))
             }
@@ -436,6 +459,7 @@ impl AsyncWrite for SharedWrite {
         let stream = self.stream()?;
         loop {
             ready!(stream.poll_write_ready(cx))?;
+            count(&self.inner.writer_writes);
             match stream.try_write_vectored(bufs) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 other => return Poll::Ready(other),
