@@ -243,18 +243,6 @@ async fn requests_that_waited_for_credits_leave_with_the_next_calls(kind: Kind) 
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_that_waited_for_credits_leave_with_the_next_calls_mem() {
-    let test = requests_that_waited_for_credits_leave_with_the_next_calls(Kind::Mem);
-    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_that_waited_for_credits_leave_with_the_next_calls_tcp() {
-    let test = requests_that_waited_for_credits_leave_with_the_next_calls(Kind::Tcp);
-    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
-}
-
 /// Rounds of 8 concurrent calls from one task: each round's calls end in one pass of the driver,
 /// and the next round's first call, alone in flight when it starts, goes through the queue with
 /// the other 7 (one SEND batch: one system call, one wake-up of the peer) instead of leaving
@@ -283,14 +271,27 @@ async fn calls_that_end_together_are_followed_by_calls_sent_together(kind: Kind)
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_that_end_together_are_followed_by_calls_sent_together_mem() {
-    let test = calls_that_end_together_are_followed_by_calls_sent_together(Kind::Mem);
-    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
+/// A test module per `async fn(Kind)` named, with its `mem` and `tcp` tests (each bounded by
+/// `common::LIMIT`), for the tests that do not run over verbs.
+macro_rules! over_mem_and_tcp {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::{common, Kind};
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mem() {
+                tokio::time::timeout(common::LIMIT, super::$name(Kind::Mem)).await.expect("test timed out");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tcp() {
+                tokio::time::timeout(common::LIMIT, super::$name(Kind::Tcp)).await.expect("test timed out");
+            }
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_that_end_together_are_followed_by_calls_sent_together_tcp() {
-    let test = calls_that_end_together_are_followed_by_calls_sent_together(Kind::Tcp);
-    tokio::time::timeout(common::LIMIT, test).await.expect("test timed out");
-}
+over_mem_and_tcp!(
+    requests_that_waited_for_credits_leave_with_the_next_calls,
+    calls_that_end_together_are_followed_by_calls_sent_together,
+);
