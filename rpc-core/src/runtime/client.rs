@@ -444,8 +444,7 @@ async fn open(
         route: route.clone(),
         caller_passes: 0,
         ended_together: 0,
-        passes: 0,
-        ended_pass: 0,
+        ended_in_pass: false,
         held_sends: false,
     };
     let engine = Arc::new(Engine {
@@ -545,9 +544,8 @@ struct ClientDriver {
     /// Calls ended (their results delivered) by the latest pass that ended any. More than one:
     /// the next call goes through the queue even if it is alone in flight ([`Conn::start_here`]).
     ended_together: usize,
-    /// Passes begun, and the one `ended_together` counts for.
-    passes: u64,
-    ended_pass: u64,
+    /// The current pass has ended a call: `ended_together` counts this pass's.
+    ended_in_pass: bool,
     /// The last round held its SENDs back for the callers it woke (see [`ClientDriver::poll_round`]):
     /// the pass ends there and the task comes back. The next round posts whatever it has.
     held_sends: bool,
@@ -621,8 +619,7 @@ impl ClientDriver {
             let wake = self.quiet != Some(call_id);
             self.cut_short |= !wake && self.may_cut_short;
             slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
-            if self.ended_pass != self.passes {
-                self.ended_pass = self.passes;
+            if !std::mem::replace(&mut self.ended_in_pass, true) {
                 self.ended_together = 0;
             }
             self.ended_together += 1;
@@ -724,7 +721,7 @@ impl ClientDriver {
         }
         self.scratch.clock.reset();
         self.idle_armed = false;
-        self.passes += 1;
+        self.ended_in_pass = false;
         let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
             match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
