@@ -10,7 +10,21 @@
 //!   re-posted;
 //! * a data frame (request, response, cancel, ping, pong) needs two credits: the last one is
 //!   kept for a credit-only frame, which is sent when at least `recv_depth / 2` re-posts are
-//!   unreported. Whoever receives the last frame in flight therefore always gets credits back.
+//!   unreported. Whoever receives the last frame in flight therefore always gets credits back;
+//! * except that a queued frame may take the last credit when it returns credits itself (at
+//!   least one, and we are not withholding): its receiver gets credits back from it as from a
+//!   credit frame. So that a batch that runs down to the last credit has one to return there,
+//!   the frames before it in the batch leave one re-post unreported for it. A peer that sends
+//!   `recv_depth` requests at once then sends them all in one batch, not all but one and the
+//!   last a round later (a call at exactly the receive depth in flight would otherwise take
+//!   two round trips, one call in `recv_depth` at a time).
+//!
+//! Why this cannot deadlock: a frame that takes a side's last credit (a credit frame, or a
+//! data frame under the exception) carries at least one credit. Were both sides at zero credits
+//! with nothing in flight, the later sent of their two last frames arrived after the other side
+//! had sent its own last frame, and so left that side a credit: a contradiction. And a side at one
+//! credit or none with frames waiting has given the peer at least `recv_depth - 1` frames not
+//! yet reported, so the peer's threshold makes it return them as soon as it holds a credit.
 //!
 //! Enforcement: we count the receives we granted the peer (our `recv_depth`, plus every re-post
 //! we reported). A frame that arrives when the peer has none left is a protocol violation
@@ -409,6 +423,24 @@ impl Link {
         self.tx.len() >= self.backlog_limit
     }
 
+    /// Whether the frame at the front of the queue may take our last credit: it returns at
+    /// least one (see the module docs). Not while withholding: then a frame returns at most
+    /// one credit, and only when the peer has none.
+    #[inline]
+    fn may_take_last_credit(&self) -> bool {
+        self.peer_credits == 1 && self.credits_to_return >= 1 && !self.backlogged()
+    }
+
+    /// Whether the queued frame being sent (already taken off the queue) leaves one re-post
+    /// unreported: the frames behind it run down to our last credit in this batch, and the
+    /// one that takes it must return a credit to be allowed to.
+    #[inline]
+    fn keep_one_for_the_last(&self) -> bool {
+        self.peer_credits >= 2
+            && self.credits_to_return >= 1
+            && self.tx.len() as u64 >= u64::from(self.peer_credits - 1)
+    }
+
     /// What [`Link::flush`] does next, decided from the state alone; `None`: it stops there.
     /// [`Link::has_work`] asks it too, so the conditions are written down once.
     #[inline]
@@ -418,7 +450,7 @@ impl Link {
         if self.sends_in_flight >= self.send_window {
             return None;
         }
-        if !self.tx.is_empty() && self.peer_credits > 1 {
+        if !self.tx.is_empty() && (self.peer_credits > 1 || self.may_take_last_credit()) {
             return Some(FlushStep::Queued);
         }
         // Whatever is still queued waits for credits: count each frame once (`stalled_counted`
@@ -456,9 +488,10 @@ impl Link {
                 FlushStep::Queued => {
                     let Some(out) = self.tx.pop_front() else { break };
                     self.stalled_counted = self.stalled_counted.saturating_sub(1);
+                    let keep = u32::from(self.keep_one_for_the_last());
                     match out.body {
-                        Body::Bytes(body) => self.send(out.header, body),
-                        Body::Framed(buf) => self.send_framed(out.header, buf),
+                        Body::Bytes(body) => self.send_keeping(out.header, body, keep),
+                        Body::Framed(buf) => self.send_framed(out.header, buf, keep),
                     }
                 }
                 FlushStep::CountStalls => {
@@ -483,7 +516,12 @@ impl Link {
     }
 
     fn send(&mut self, header: Header, body: Bytes) {
-        let h = self.seal(header, body.len());
+        self.send_keeping(header, body, 0);
+    }
+
+    /// [`Link::send`], leaving `keep` re-posts unreported (see [`Link::seal`]).
+    fn send_keeping(&mut self, header: Header, body: Bytes, keep: u32) {
+        let h = self.seal(header, body.len(), keep);
         let len = HEADER_LEN + body.len();
         // A frame the transport copies anyway (inline on verbs, into the socket on tcp, into the
         // peer's receive on mem) goes as its header and its body side by side, copied by the
@@ -510,16 +548,18 @@ impl Link {
     }
 
     /// Sends a frame whose body lies in `buf` behind [`HEADER_LEN`] bytes of room.
-    fn send_framed(&mut self, header: Header, mut buf: Buf) {
-        let h = self.seal(header, buf.len().saturating_sub(HEADER_LEN));
+    fn send_framed(&mut self, header: Header, mut buf: Buf, keep: u32) {
+        let h = self.seal(header, buf.len().saturating_sub(HEADER_LEN), keep);
         buf[..HEADER_LEN].copy_from_slice(&h);
         self.push_send(SendBuf::Owned(buf));
     }
 
     /// The header of the next frame out, with the credits it returns and a done report, encoded.
-    fn seal(&mut self, mut header: Header, body_len: usize) -> [u8; HEADER_LEN] {
+    /// It returns every re-post not yet reported but `keep` (at most that many, for a frame
+    /// behind it in the same batch: [`Link::keep_one_for_the_last`]).
+    fn seal(&mut self, mut header: Header, body_len: usize, keep: u32) -> [u8; HEADER_LEN] {
         let credits = if !self.backlogged() {
-            self.credits_to_return.min(u32::from(u16::MAX))
+            self.credits_to_return.saturating_sub(keep).min(u32::from(u16::MAX))
         } else if self.granted == 0 {
             // Backlogged: the peer gets one receive, enough to return credits (a credit frame)
             // but not to send a request (a data frame needs two).

@@ -54,6 +54,9 @@ pub struct Pair {
     pub server_events: Vec<ServerEvent>,
     /// While set, READs are queued but not served.
     pub hold_reads: bool,
+    /// SENDs each side has posted so far.
+    pub client_sends: usize,
+    pub server_sends: usize,
 }
 
 pub fn config(threshold: usize, depth: u32) -> ProtoConfig {
@@ -82,6 +85,8 @@ impl Pair {
             client_events: Vec::new(),
             server_events: Vec::new(),
             hold_reads: false,
+            client_sends: 0,
+            server_sends: 0,
         }
     }
 
@@ -95,47 +100,10 @@ impl Pair {
     }
 
     fn step(&mut self) -> bool {
-        let mut moved = false;
-        while let Some(op) = self.client.poll_op() {
-            moved = true;
-            match op {
-                Op::Send { wr_id, frame } => {
-                    deliver(&mut self.s, frame.into_bytes());
-                    self.client.handle_send_complete(wr_id, Ok(())).expect("send completion");
-                }
-                Op::Register { call_id, data } => {
-                    let d = self.c.register(data);
-                    self.client.handle_registered(call_id, Ok(d));
-                }
-                Op::Deregister { region } => revoke(&mut self.c, region.rkey),
-                Op::Read { wr_id, remote } => self.c.reads.push_back((wr_id, remote)),
-            }
-        }
-        while let Some(op) = self.server.poll_op() {
-            moved = true;
-            match op {
-                Op::Send { wr_id, frame } => {
-                    deliver(&mut self.c, frame.into_bytes());
-                    self.server.handle_send_complete(wr_id, Ok(())).expect("send completion");
-                }
-                Op::Register { call_id, data } => {
-                    let d = self.s.register(data);
-                    self.server.handle_registered(call_id, Ok(d));
-                }
-                Op::Deregister { region } => revoke(&mut self.s, region.rkey),
-                Op::Read { wr_id, remote } => self.s.reads.push_back((wr_id, remote)),
-            }
-        }
-        while let Some(frame) = self.s.inbox.pop_front() {
-            moved = true;
-            self.server.handle_recv(&frame, self.now).expect("server rejected a frame");
-            self.s.posted += 1; // the driver re-posts before the next poll_op
-        }
-        while let Some(frame) = self.c.inbox.pop_front() {
-            moved = true;
-            self.client.handle_recv(&frame, self.now).expect("client rejected a frame");
-            self.c.posted += 1;
-        }
+        let mut moved = self.client_ops() > 0;
+        moved |= self.server_ops() > 0;
+        moved |= self.deliver_to_server(usize::MAX) > 0;
+        moved |= self.deliver_to_client(usize::MAX) > 0;
         if !self.hold_reads {
             moved |= self.serve_reads();
         }
@@ -148,6 +116,77 @@ impl Pair {
             self.server_events.push(e);
         }
         moved
+    }
+
+    /// Carries out every operation the client asks for now (its SENDs go into the server's
+    /// inbox, not handled yet); returns how many operations there were, and counts the SENDs
+    /// in `client_sends`.
+    pub fn client_ops(&mut self) -> usize {
+        let mut ops = 0;
+        while let Some(op) = self.client.poll_op() {
+            ops += 1;
+            match op {
+                Op::Send { wr_id, frame } => {
+                    self.client_sends += 1;
+                    deliver(&mut self.s, frame.into_bytes());
+                    self.client.handle_send_complete(wr_id, Ok(())).expect("send completion");
+                }
+                Op::Register { call_id, data } => {
+                    let d = self.c.register(data);
+                    self.client.handle_registered(call_id, Ok(d));
+                }
+                Op::Deregister { region } => revoke(&mut self.c, region.rkey),
+                Op::Read { wr_id, remote } => self.c.reads.push_back((wr_id, remote)),
+            }
+        }
+        ops
+    }
+
+    /// [`Pair::client_ops`] for the server (SENDs counted in `server_sends`).
+    pub fn server_ops(&mut self) -> usize {
+        let mut ops = 0;
+        while let Some(op) = self.server.poll_op() {
+            ops += 1;
+            match op {
+                Op::Send { wr_id, frame } => {
+                    self.server_sends += 1;
+                    deliver(&mut self.c, frame.into_bytes());
+                    self.server.handle_send_complete(wr_id, Ok(())).expect("send completion");
+                }
+                Op::Register { call_id, data } => {
+                    let d = self.s.register(data);
+                    self.server.handle_registered(call_id, Ok(d));
+                }
+                Op::Deregister { region } => revoke(&mut self.s, region.rkey),
+                Op::Read { wr_id, remote } => self.s.reads.push_back((wr_id, remote)),
+            }
+        }
+        ops
+    }
+
+    /// The server handles at most `n` frames of its inbox, oldest first (each receive
+    /// re-posted, as the driver does before it next polls); returns how many.
+    pub fn deliver_to_server(&mut self, n: usize) -> usize {
+        let mut handled = 0;
+        while handled < n {
+            let Some(frame) = self.s.inbox.pop_front() else { break };
+            self.server.handle_recv(&frame, self.now).expect("server rejected a frame");
+            self.s.posted += 1; // the driver re-posts before the next poll_op
+            handled += 1;
+        }
+        handled
+    }
+
+    /// [`Pair::deliver_to_server`] for the client.
+    pub fn deliver_to_client(&mut self, n: usize) -> usize {
+        let mut handled = 0;
+        while handled < n {
+            let Some(frame) = self.c.inbox.pop_front() else { break };
+            self.client.handle_recv(&frame, self.now).expect("client rejected a frame");
+            self.c.posted += 1;
+            handled += 1;
+        }
+        handled
     }
 
     /// Serves every queued READ against the peer's current region table.
@@ -179,6 +218,9 @@ impl Pair {
 
     /// Takes the requests the server has been given so far: `(call_id, payload, path)`.
     pub fn take_requests(&mut self) -> Vec<(u64, Bytes, Path)> {
+        while let Some(e) = self.server.poll_event() {
+            self.server_events.push(e);
+        }
         let mut out = Vec::new();
         for e in std::mem::take(&mut self.server_events) {
             match e {
