@@ -180,8 +180,9 @@ pub struct CompareArgs {
     /// Do not pin either side.
     #[arg(long)]
     pub unpinned: bool,
-    /// Runs of every measurement; the table shows medians.
-    #[arg(long, default_value_t = 3)]
+    /// Runs of every measurement; the table shows medians, and each ratio is the median of the
+    /// runs' ratios (each run measures the systems seconds apart) with their range.
+    #[arg(long, default_value_t = 5)]
     pub repeat: usize,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 1.0)]

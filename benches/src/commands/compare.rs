@@ -1,6 +1,13 @@
 //! `rpc-bench compare`: rpc-core, tarpc and a raw TCP ping-pong on the same workloads over TCP
 //! loopback, servers in child processes, in one run, with the ratios printed. By default both
 //! processes are pinned to CPU 0 with current-thread runtimes (the reference setup).
+//!
+//! The ratios are paired: each run measures every system on a workload one after the other
+//! (seconds apart), and a run's ratio compares those neighbours. A shared machine drifts by
+//! tens of percent over a minute, much more than over the seconds of one run, so the median of
+//! the runs' ratios (printed with their range) is a steadier figure than the ratio of the
+//! medians (the table's value columns), which pairs measurements taken far apart. Each run
+//! starts with the next system in turn, so that none is always measured first.
 
 use std::time::Duration;
 
@@ -72,10 +79,35 @@ struct Row {
     lower_is_better: bool,
     /// Median per system, in [`SYSTEMS`] order (`None`: not measured).
     medians: Vec<Option<f64>>,
-    /// rpc-core's advantage over tarpc (> 1: rpc-core better).
+    /// rpc-core's advantage over tarpc (> 1: rpc-core better): the median of the runs' ratios.
     rpc_core_vs_tarpc: Option<f64>,
-    /// rpc-core's advantage over raw TCP (> 1: rpc-core better).
+    /// The smallest and largest of the runs' ratios over tarpc.
+    rpc_core_vs_tarpc_range: Option<(f64, f64)>,
+    /// rpc-core's advantage over raw TCP (> 1: rpc-core better): the median of the runs' ratios.
     rpc_core_vs_raw_tcp: Option<f64>,
+    /// The smallest and largest of the runs' ratios over raw TCP.
+    rpc_core_vs_raw_tcp_range: Option<(f64, f64)>,
+}
+
+/// rpc-core's advantage over the system at `other` in each run where both were measured
+/// (`runs[r][s]`: run `r`'s figure of system `s`), then their median and range.
+fn paired(
+    runs: &[Vec<Option<f64>>],
+    other: usize,
+    lower_is_better: bool,
+) -> (Option<f64>, Option<(f64, f64)>) {
+    let ratios: Vec<f64> =
+        runs.iter().filter_map(|run| advantage(run[0], run[other], lower_is_better)).collect();
+    let range = ratios
+        .iter()
+        .copied()
+        .fold(None, |acc: Option<(f64, f64)>, x| Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x)))));
+    (median(ratios), range)
+}
+
+/// The order run `run` measures the systems in: each run starts with the next one.
+fn order(run: usize) -> impl Iterator<Item = usize> {
+    (0..SYSTEMS.len()).map(move |k| (k + run) % SYSTEMS.len())
 }
 
 #[derive(Debug, Serialize)]
@@ -205,19 +237,21 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
     let runs = a.repeat.max(1);
     let bar = super::progress((runs * SYSTEMS.len() * METRICS.len()) as u64);
     let mut points = Vec::new();
-    let mut values = vec![vec![Vec::new(); SYSTEMS.len()]; METRICS.len()];
-    for _ in 0..runs {
-        for m in 0..METRICS.len() {
-            for (s, system) in SYSTEMS.iter().enumerate() {
+    // values[run][m][s]: run `run`'s figure of system `s` on metric `m`.
+    let mut values = vec![vec![vec![None; SYSTEMS.len()]; METRICS.len()]; runs];
+    for (run, per_metric) in values.iter_mut().enumerate() {
+        for (metric, figures) in METRICS.iter().zip(per_metric.iter_mut()) {
+            for s in order(run) {
+                let system = SYSTEMS[s];
                 bar.inc(1);
-                if !applies(*system, &METRICS[m]) {
+                if !applies(system, metric) {
                     continue;
                 }
-                bar.set_message(format!("{} {}", system.name(), METRICS[m].name));
-                let spec = spec(&METRICS[m], a.duration);
-                let measured = measure_point(*system, servers[s].addr(), &a.proto, &spec).await?;
-                let point = Point::new(*system, "tcp", &spec, &measured);
-                values[m][s].push((METRICS[m].pick)(&point));
+                bar.set_message(format!("{} {}", system.name(), metric.name));
+                let spec = spec(metric, a.duration);
+                let measured = measure_point(system, servers[s].addr(), &a.proto, &spec).await?;
+                let point = Point::new(system, "tcp", &spec, &measured);
+                figures[s] = Some((metric.pick)(&point));
                 points.push(point);
             }
         }
@@ -228,15 +262,22 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
     }
     let rows: Vec<Row> = METRICS
         .iter()
-        .zip(values)
-        .map(|(m, per_system)| {
-            let medians: Vec<Option<f64>> = per_system.into_iter().map(median).collect();
+        .enumerate()
+        .map(|(i, m)| {
+            let per_run: Vec<Vec<Option<f64>>> = values.iter().map(|run| run[i].clone()).collect();
+            let medians: Vec<Option<f64>> = (0..SYSTEMS.len())
+                .map(|s| median(per_run.iter().filter_map(|run| run[s]).collect()))
+                .collect();
+            let (vs_tarpc, vs_tarpc_range) = paired(&per_run, 1, m.lower_is_better);
+            let (vs_raw, vs_raw_range) = paired(&per_run, 2, m.lower_is_better);
             Row {
                 metric: m.name,
                 lower_is_better: m.lower_is_better,
-                rpc_core_vs_tarpc: advantage(medians[0], medians[1], m.lower_is_better),
-                rpc_core_vs_raw_tcp: advantage(medians[0], medians[2], m.lower_is_better),
                 medians,
+                rpc_core_vs_tarpc: vs_tarpc,
+                rpc_core_vs_tarpc_range: vs_tarpc_range,
+                rpc_core_vs_raw_tcp: vs_raw,
+                rpc_core_vs_raw_tcp_range: vs_raw_range,
             }
         })
         .collect();
@@ -259,22 +300,34 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
 
 fn print_rows(rows: &[Row], runs: usize) {
     println!(
-        "\n# medians of {runs} run(s); advantage = how many times better rpc-core is (> 1: rpc-core better)"
+        "\n# medians of {runs} run(s); advantage = how many times better rpc-core is (> 1: rpc-core better),"
     );
     println!(
-        "{:<36} {:>12} {:>12} {:>12} {:>16} {:>16}",
+        "# the median of the runs' ratios (each run measures the systems seconds apart) and their range"
+    );
+    println!(
+        "{:<36} {:>12} {:>12} {:>12} {:>22} {:>22}",
         "metric", "rpc-core", "tarpc", "raw-tcp", "vs tarpc", "vs raw-tcp"
     );
     for r in rows {
         println!(
-            "{:<36} {:>12} {:>12} {:>12} {:>16} {:>16}",
+            "{:<36} {:>12} {:>12} {:>12} {:>22} {:>22}",
             r.metric,
             fmt(r.medians[0]),
             fmt(r.medians[1]),
             fmt(r.medians[2]),
-            r.rpc_core_vs_tarpc.map_or("-".into(), |x| format!("{x:.2}x")),
-            r.rpc_core_vs_raw_tcp.map_or("-".into(), |x| format!("{x:.2}x")),
+            fmt_advantage(r.rpc_core_vs_tarpc, r.rpc_core_vs_tarpc_range),
+            fmt_advantage(r.rpc_core_vs_raw_tcp, r.rpc_core_vs_raw_tcp_range),
         );
+    }
+}
+
+/// `1.25x (1.10-1.40)`: the median ratio and the range of the runs' ratios.
+fn fmt_advantage(median: Option<f64>, range: Option<(f64, f64)>) -> String {
+    match (median, range) {
+        (Some(m), Some((lo, hi))) if lo < hi => format!("{m:.2}x ({lo:.2}-{hi:.2})"),
+        (Some(m), _) => format!("{m:.2}x"),
+        (None, _) => "-".into(),
     }
 }
 
@@ -288,6 +341,37 @@ mod tests {
         assert_eq!(advantage(Some(20.0), Some(10.0), false), Some(2.0));
         assert_eq!(advantage(None, Some(1.0), false), None);
         assert_eq!(advantage(Some(0.0), Some(1.0), true), None);
+    }
+
+    #[test]
+    fn ratios_pair_the_systems_of_each_run() {
+        // Run 1 is slow for everyone (the machine drifted): its ratio is still 2.
+        let runs = vec![
+            vec![Some(10.0), Some(20.0), Some(5.0)],
+            vec![Some(40.0), Some(80.0), None],
+            vec![Some(10.0), Some(15.0), Some(10.0)],
+        ];
+        assert_eq!(paired(&runs, 1, true), (Some(2.0), Some((1.5, 2.0))));
+        // Raw TCP was measured in two runs only: 0.5 and 1.0; the median of two is the upper.
+        assert_eq!(paired(&runs, 2, true), (Some(1.0), Some((0.5, 1.0))));
+        // Higher is better (calls/s): rpc-core / other.
+        assert_eq!(paired(&runs, 1, false), (Some(0.5), Some((0.5, 0.6666666666666666))));
+        assert_eq!(paired(&[vec![Some(1.0), None, None]], 1, true), (None, None));
+    }
+
+    #[test]
+    fn each_run_starts_with_the_next_system() {
+        assert_eq!(order(0).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(order(1).collect::<Vec<_>>(), vec![1, 2, 0]);
+        assert_eq!(order(2).collect::<Vec<_>>(), vec![2, 0, 1]);
+        assert_eq!(order(3).collect::<Vec<_>>(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn an_advantage_prints_with_its_range() {
+        assert_eq!(fmt_advantage(Some(1.254), Some((1.1, 1.4))), "1.25x (1.10-1.40)");
+        assert_eq!(fmt_advantage(Some(2.0), Some((2.0, 2.0))), "2.00x");
+        assert_eq!(fmt_advantage(None, None), "-");
     }
 
     #[test]
