@@ -201,7 +201,7 @@ impl Hello {
 /// the message it just handled after the answer, which already reports that buffer's credit,
 /// has gone out: at most this many re-posts are ever outstanding, so a SEND still never meets an
 /// empty receive queue. A peer must post at least `2 + SPARE_RECEIVES` (a data frame needs two
-/// credits).
+/// credits, unless it returns credits itself: see the credit rules in `proto::link`).
 pub const SPARE_RECEIVES: u32 = 1;
 
 /// What the protocol knows of the peer once the connection is set up.

@@ -498,6 +498,7 @@ impl ServerProto {
 
     /// Whether [`Self::poll_op`] has anything to do: when not, it would return `None` at once
     /// and change nothing.
+    #[inline]
     pub fn has_ops(&self) -> bool {
         self.link.has_work()
     }

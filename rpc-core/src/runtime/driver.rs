@@ -117,6 +117,8 @@ macro_rules! impl_proto_end {
             fn next_op(&mut self) -> Option<Op> {
                 self.poll_op()
             }
+            // Asked by every round (`post_ops`' quick look): inlined, it costs a few loads.
+            #[inline]
             fn has_ops(&self) -> bool {
                 self.has_ops()
             }
