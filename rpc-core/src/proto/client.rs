@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{Buf, Detail, MemPool, ReadError, Received, RegionDesc, WrId};
+use rpc_transport::{Buf, Detail, MemPool, ReadError, Received, RegionDesc, SendBuf, WrId};
 use rustc_hash::FxHashMap;
 
 use super::config::{PeerLimits, ProtoConfig};
@@ -518,6 +518,12 @@ impl ClientProto {
     /// The next operation to post.
     pub fn poll_op(&mut self) -> Option<Op> {
         self.link.poll_op()
+    }
+
+    /// [`Self::poll_op`], with the SENDs put straight into `batch` (see `Link::poll_op_into`).
+    #[inline]
+    pub fn poll_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
+        self.link.poll_op_into(batch)
     }
 
     /// Whether [`Self::poll_op`] has anything to do: when not, it would return `None` at once

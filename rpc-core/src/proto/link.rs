@@ -141,6 +141,30 @@ pub(crate) enum Body {
     Framed(Buf),
 }
 
+/// Where [`Link::flush`] puts the SENDs it makes: the queue of operations ([`Link::poll_op`]),
+/// or straight into the driver's batch ([`Link::poll_op_into`]). A type parameter, so that the
+/// driver's path is compiled on its own (and inlined whole).
+trait Sink {
+    fn put(&mut self, ops: &mut VecDeque<Op>, wr_id: WrId, frame: SendBuf);
+}
+
+/// [`Sink`]: the queue of operations.
+struct ToOps;
+
+impl Sink for ToOps {
+    #[inline]
+    fn put(&mut self, ops: &mut VecDeque<Op>, wr_id: WrId, frame: SendBuf) {
+        ops.push_back(Op::Send { wr_id, frame });
+    }
+}
+
+impl Sink for Vec<(WrId, SendBuf)> {
+    #[inline]
+    fn put(&mut self, _ops: &mut VecDeque<Op>, wr_id: WrId, frame: SendBuf) {
+        self.push((wr_id, frame));
+    }
+}
+
 /// Which end of the connection this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -384,7 +408,34 @@ impl Link {
     pub(crate) fn poll_op_slow(&mut self) -> Option<Op> {
         if self.ops.is_empty() {
             self.rdv.issue(self.now, &mut self.ops, &mut self.stats);
-            self.flush();
+            self.flush(&mut ToOps);
+        }
+        self.ops.pop_front()
+    }
+
+    /// [`Link::poll_op`] for a driver that posts SENDs in batches: the SENDs go straight into
+    /// `batch` (in the order `poll_op` would return them), and only the other operations are
+    /// returned, one per call. Operations queued before the SENDs (a revocation, a READ) are
+    /// returned first, as `poll_op` would: the frames are moved only once the queue is empty.
+    #[inline]
+    pub fn poll_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
+        if !self.has_work() {
+            #[cfg(debug_assertions)]
+            self.assert_quiet();
+            return None;
+        }
+        self.poll_op_into_slow(batch)
+    }
+
+    /// [`Link::poll_op_into`] without the quick look.
+    #[inline(never)]
+    fn poll_op_into_slow(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
+        if self.ops.is_empty() {
+            // Asked first: most polls have no READ to issue, and `issue` is not inlined.
+            if self.rdv.can_issue() {
+                self.rdv.issue(self.now, &mut self.ops, &mut self.stats);
+            }
+            self.flush(batch);
         }
         self.ops.pop_front()
     }
@@ -482,7 +533,7 @@ impl Link {
     }
 
     /// Moves frames whose credits are available into SEND operations (see [`Link::flush_step`]).
-    fn flush(&mut self) {
+    fn flush(&mut self, sink: &mut impl Sink) {
         while let Some(step) = self.flush_step() {
             match step {
                 FlushStep::Queued => {
@@ -490,8 +541,8 @@ impl Link {
                     self.stalled_counted = self.stalled_counted.saturating_sub(1);
                     let keep = u32::from(self.keep_one_for_the_last());
                     match out.body {
-                        Body::Bytes(body) => self.send_keeping(out.header, body, keep),
-                        Body::Framed(buf) => self.send_framed(out.header, buf, keep),
+                        Body::Bytes(body) => self.send_keeping(out.header, body, keep, sink),
+                        Body::Framed(buf) => self.send_framed(out.header, buf, keep, sink),
                     }
                 }
                 FlushStep::CountStalls => {
@@ -500,27 +551,28 @@ impl Link {
                 }
                 FlushStep::Pong => {
                     self.live.pong_due = false;
-                    self.send(Header::new(Kind::Pong), Bytes::new());
+                    self.send(Header::new(Kind::Pong), sink);
                 }
                 FlushStep::Ping => {
                     self.live.ping_due = false;
                     self.stats.pings_sent += 1;
-                    self.send(Header::new(Kind::Ping), Bytes::new());
+                    self.send(Header::new(Kind::Ping), sink);
                 }
                 FlushStep::Credit => {
                     self.stats.credit_frames += 1;
-                    self.send(Header::new(Kind::Credit), Bytes::new());
+                    self.send(Header::new(Kind::Credit), sink);
                 }
             }
         }
     }
 
-    fn send(&mut self, header: Header, body: Bytes) {
-        self.send_keeping(header, body, 0);
+    /// Sends a frame without a body (a ping, a pong, a credit frame).
+    fn send(&mut self, header: Header, sink: &mut impl Sink) {
+        self.send_keeping(header, Bytes::new(), 0, sink);
     }
 
-    /// [`Link::send`], leaving `keep` re-posts unreported (see [`Link::seal`]).
-    fn send_keeping(&mut self, header: Header, body: Bytes, keep: u32) {
+    /// Sends a frame, leaving `keep` re-posts unreported (see [`Link::seal`]).
+    fn send_keeping(&mut self, header: Header, body: Bytes, keep: u32, sink: &mut impl Sink) {
         let h = self.seal(header, body.len(), keep);
         let len = HEADER_LEN + body.len();
         // A frame the transport copies anyway (inline on verbs, into the socket on tcp, into the
@@ -528,7 +580,7 @@ impl Link {
         // transport alone: nothing assembled here, nothing from registered memory. So does a
         // frame without a body.
         if len <= self.copied_frames || body.is_empty() {
-            return self.push_send(SendBuf::headed(&h, body));
+            return self.push_send(SendBuf::headed(&h, body), sink);
         }
         let frame = match self.pool.as_ref().and_then(|p| p.alloc(len).ok()) {
             Some(mut buf) => {
@@ -544,14 +596,14 @@ impl Link {
                 frame.freeze().into()
             }
         };
-        self.push_send(frame);
+        self.push_send(frame, sink);
     }
 
     /// Sends a frame whose body lies in `buf` behind [`HEADER_LEN`] bytes of room.
-    fn send_framed(&mut self, header: Header, mut buf: Buf, keep: u32) {
+    fn send_framed(&mut self, header: Header, mut buf: Buf, keep: u32, sink: &mut impl Sink) {
         let h = self.seal(header, buf.len().saturating_sub(HEADER_LEN), keep);
         buf[..HEADER_LEN].copy_from_slice(&h);
-        self.push_send(SendBuf::Owned(buf));
+        self.push_send(SendBuf::Owned(buf), sink);
     }
 
     /// The header of the next frame out, with the credits it returns and a done report, encoded.
@@ -577,13 +629,14 @@ impl Link {
         h
     }
 
-    fn push_send(&mut self, frame: SendBuf) {
+    #[inline]
+    fn push_send(&mut self, frame: SendBuf, sink: &mut impl Sink) {
         self.peer_credits -= 1;
         self.sends_in_flight += 1;
         self.stats.frames_sent += 1;
         let wr_id = self.next_send_wr;
         self.next_send_wr += 1;
-        self.ops.push_back(Op::Send { wr_id, frame });
+        sink.put(&mut self.ops, wr_id, frame);
     }
 
     /// The counters, with the budget's figures (derived, never stored twice).

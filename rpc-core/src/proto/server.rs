@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{Detail, MemPool, ReadError, Received, RegionDesc, WrId};
+use rpc_transport::{Detail, MemPool, ReadError, Received, RegionDesc, SendBuf, WrId};
 
 use super::budget::SharedBudget;
 use super::config::{PeerLimits, ProtoConfig};
@@ -494,6 +494,12 @@ impl ServerProto {
     /// The next operation to post.
     pub fn poll_op(&mut self) -> Option<Op> {
         self.link.poll_op()
+    }
+
+    /// [`Self::poll_op`], with the SENDs put straight into `batch` (see `Link::poll_op_into`).
+    #[inline]
+    pub fn poll_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
+        self.link.poll_op_into(batch)
     }
 
     /// Whether [`Self::poll_op`] has anything to do: when not, it would return `None` at once

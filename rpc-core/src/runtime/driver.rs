@@ -86,6 +86,9 @@ pub(crate) trait ProtoEnd {
     fn handle_read(&mut self, wr_id: WrId, result: Result<Bytes, ReadError>);
     fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>);
     fn next_op(&mut self) -> Option<Op>;
+    /// [`ProtoEnd::next_op`], with the SENDs put straight into `batch`: only the other
+    /// operations are returned.
+    fn next_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op>;
     /// Whether [`ProtoEnd::next_op`] has anything to do (when not, it would return `None` and
     /// change nothing).
     fn has_ops(&self) -> bool;
@@ -116,6 +119,10 @@ macro_rules! impl_proto_end {
             }
             fn next_op(&mut self) -> Option<Op> {
                 self.poll_op()
+            }
+            #[inline]
+            fn next_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
+                self.poll_op_into(batch)
             }
             // Asked by every round (`post_ops`' quick look): inlined, it costs a few loads.
             #[inline]
@@ -350,7 +357,8 @@ fn post_ops_slow<P: ProtoEnd>(
     let mut making = false;
     let Scratch { sends, sent, destinations, .. } = scratch;
     loop {
-        while let Some(op) = proto.next_op() {
+        // SENDs go straight into `sends`; the other operations come back here, in order.
+        while let Some(op) = proto.next_op_into(sends) {
             match op {
                 Op::Send { wr_id, frame } => sends.push((wr_id, frame)),
                 Op::Register { call_id, data } => {
@@ -552,6 +560,9 @@ mod tests {
         fn handle_read(&mut self, _: WrId, _: Result<Bytes, ReadError>) {}
         fn handle_registered(&mut self, _: u64, _: Result<RegionDesc, Detail>) {}
         fn next_op(&mut self) -> Option<Op> {
+            None
+        }
+        fn next_op_into(&mut self, _: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
             None
         }
         fn has_ops(&self) -> bool {

@@ -9,8 +9,9 @@ use super::{assert_clean, round_trip, T};
 
 #[test]
 fn a_batch_as_deep_as_the_receive_queue_leaves_whole_both_ways() {
-    for depth in [4u32, 8, 64] {
+    for (depth, batched) in [4u32, 8, 64].into_iter().flat_map(|d| [(d, false), (d, true)]) {
         let mut p = Pair::with(T, depth);
+        p.batched = batched;
         // Before any frame came in, a side has no re-post to report, so its batch stops at the
         // last credit once; a round trip gives the client one.
         round_trip(&mut p, 1, 16, 16);
@@ -81,21 +82,24 @@ fn step() -> impl Strategy<Value = Step> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// Any interleaving: no SEND meets an empty receive queue, no frame breaks a credit rule
-    /// (the harness fails on any frame an end rejects), and once both ends just keep working,
-    /// every call completes: the ends never both wait for credits. A server that withholds
-    /// credits (a short `max_queued_frames`) is in the mix.
+    /// Any interleaving, with operations taken one by one or as the driver batches them: no
+    /// SEND meets an empty receive queue, no frame breaks a credit rule (the harness fails on
+    /// any frame an end rejects), and once both ends just keep working, every call completes:
+    /// the ends never both wait for credits. A server that withholds credits (a short
+    /// `max_queued_frames`) is in the mix.
     #[test]
     fn no_interleaving_overruns_a_receive_queue_or_stalls_both_ends(
         client_depth in 4u32..9,
         server_depth in 4u32..9,
         server_queue in 1u32..6,
+        batched in any::<bool>(),
         steps in proptest::collection::vec(step(), 1..150),
     ) {
         let mut p = Pair::new(
             config(T, client_depth),
             config(T, server_depth).max_queued_frames(server_queue),
         );
+        p.batched = batched;
         let mut started = 0u64;
         let mut completed = 0usize;
         let mut requests = Vec::new();

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{RKey, ReadError, Received, RegionDesc};
+use rpc_transport::{Detail, RKey, ReadError, Received, RegionDesc, SendBuf, WrId};
 
 use crate::proto::*;
 
@@ -19,6 +19,8 @@ pub struct Side {
     pub posted: u32,
     pub unexpected: u32,
     pub reads: VecDeque<(u64, RegionDesc)>,
+    /// Every frame delivered to this side, in order.
+    pub delivered: Vec<Bytes>,
 }
 
 impl Side {
@@ -57,6 +59,10 @@ pub struct Pair {
     /// SENDs each side has posted so far.
     pub client_sends: usize,
     pub server_sends: usize,
+    /// Operations are taken as the runtime's driver takes them (`poll_op_into`: SENDs in a
+    /// batch, posted once no other operation comes, or before a revocation), not one by one
+    /// with `poll_op`.
+    pub batched: bool,
 }
 
 pub fn config(threshold: usize, depth: u32) -> ProtoConfig {
@@ -87,6 +93,7 @@ impl Pair {
             hold_reads: false,
             client_sends: 0,
             server_sends: 0,
+            batched: false,
         }
     }
 
@@ -122,46 +129,12 @@ impl Pair {
     /// inbox, not handled yet); returns how many operations there were, and counts the SENDs
     /// in `client_sends`.
     pub fn client_ops(&mut self) -> usize {
-        let mut ops = 0;
-        while let Some(op) = self.client.poll_op() {
-            ops += 1;
-            match op {
-                Op::Send { wr_id, frame } => {
-                    self.client_sends += 1;
-                    deliver(&mut self.s, frame.into_bytes());
-                    self.client.handle_send_complete(wr_id, Ok(())).expect("send completion");
-                }
-                Op::Register { call_id, data } => {
-                    let d = self.c.register(data);
-                    self.client.handle_registered(call_id, Ok(d));
-                }
-                Op::Deregister { region } => revoke(&mut self.c, region.rkey),
-                Op::Read { wr_id, remote } => self.c.reads.push_back((wr_id, remote)),
-            }
-        }
-        ops
+        run_ops(&mut self.client, &mut self.c, &mut self.s, &mut self.client_sends, self.batched)
     }
 
     /// [`Pair::client_ops`] for the server (SENDs counted in `server_sends`).
     pub fn server_ops(&mut self) -> usize {
-        let mut ops = 0;
-        while let Some(op) = self.server.poll_op() {
-            ops += 1;
-            match op {
-                Op::Send { wr_id, frame } => {
-                    self.server_sends += 1;
-                    deliver(&mut self.c, frame.into_bytes());
-                    self.server.handle_send_complete(wr_id, Ok(())).expect("send completion");
-                }
-                Op::Register { call_id, data } => {
-                    let d = self.s.register(data);
-                    self.server.handle_registered(call_id, Ok(d));
-                }
-                Op::Deregister { region } => revoke(&mut self.s, region.rkey),
-                Op::Read { wr_id, remote } => self.s.reads.push_back((wr_id, remote)),
-            }
-        }
-        ops
+        run_ops(&mut self.server, &mut self.s, &mut self.c, &mut self.server_sends, self.batched)
     }
 
     /// The server handles at most `n` frames of its inbox, oldest first (each receive
@@ -247,12 +220,103 @@ impl Pair {
     }
 }
 
+/// What [`run_ops`] asks of either end.
+trait End {
+    fn poll_op(&mut self) -> Option<Op>;
+    fn poll_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op>;
+    fn has_ops(&self) -> bool;
+    fn handle_send_complete(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
+    fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>);
+}
+
+macro_rules! impl_end {
+    ($ty:ty) => {
+        impl End for $ty {
+            fn poll_op(&mut self) -> Option<Op> {
+                <$ty>::poll_op(self)
+            }
+            fn poll_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
+                <$ty>::poll_op_into(self, batch)
+            }
+            fn has_ops(&self) -> bool {
+                <$ty>::has_ops(self)
+            }
+            fn handle_send_complete(
+                &mut self,
+                wr_id: WrId,
+                result: Result<(), String>,
+            ) -> Result<(), ProtoError> {
+                <$ty>::handle_send_complete(self, wr_id, result)
+            }
+            fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>) {
+                <$ty>::handle_registered(self, call_id, result)
+            }
+        }
+    };
+}
+impl_end!(ClientProto);
+impl_end!(ServerProto);
+
+/// Carries out every operation `end` asks for now: its SENDs go into `peer`'s inbox (counted in
+/// `sends`), its regions into `own`'s table. Returns how many operations there were. `batched`:
+/// as the runtime's driver does (`driver::post_ops`), else one by one.
+fn run_ops(end: &mut impl End, own: &mut Side, peer: &mut Side, sends: &mut usize, batched: bool) -> usize {
+    let mut ops = 0;
+    let mut batch = Vec::new();
+    loop {
+        while let Some(op) = if batched { end.poll_op_into(&mut batch) } else { end.poll_op() } {
+            match op {
+                // One by one: posted at once.
+                Op::Send { wr_id, frame } => batch.push((wr_id, frame)),
+                Op::Register { call_id, data } => {
+                    ops += 1;
+                    let d = own.register(data);
+                    end.handle_registered(call_id, Ok(d));
+                }
+                Op::Deregister { region } => {
+                    // The SENDs asked for before it go first.
+                    ops += 1;
+                    ops += post(end, &mut batch, peer, sends);
+                    revoke(own, region.rkey)
+                }
+                Op::Read { wr_id, remote } => {
+                    ops += 1;
+                    own.reads.push_back((wr_id, remote));
+                }
+            }
+            if !batched {
+                ops += post(end, &mut batch, peer, sends);
+            }
+        }
+        if batch.is_empty() {
+            return ops;
+        }
+        ops += post(end, &mut batch, peer, sends);
+        // A SEND completed may have let the end send more (its send window).
+        if !end.has_ops() {
+            return ops;
+        }
+    }
+}
+
+/// Posts `batch` (into `peer`'s inbox) and completes its SENDs; returns how many there were.
+fn post(end: &mut impl End, batch: &mut Vec<(WrId, SendBuf)>, peer: &mut Side, sends: &mut usize) -> usize {
+    let n = batch.len();
+    for (wr_id, frame) in batch.drain(..) {
+        *sends += 1;
+        deliver(peer, frame.into_bytes());
+        end.handle_send_complete(wr_id, Ok(())).expect("send completion");
+    }
+    n
+}
+
 fn deliver(to: &mut Side, frame: Bytes) {
     if to.posted == 0 {
         to.unexpected += 1;
     } else {
         to.posted -= 1;
     }
+    to.delivered.push(frame.clone());
     to.inbox.push_back(frame);
 }
 

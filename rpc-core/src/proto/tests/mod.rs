@@ -1,5 +1,6 @@
 //! Deterministic tests of the protocol core: no sockets, no tokio, a virtual clock.
 
+mod batched;
 mod credits;
 mod fuzz_regressions;
 mod harness;
