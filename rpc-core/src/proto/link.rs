@@ -403,12 +403,23 @@ impl Link {
     }
 
     /// [`Link::poll_op`] without the quick look: issues READs and moves frames into SENDs
-    /// whenever no operation is queued.
-    #[inline(never)]
+    /// whenever no operation is queued. The full path, with no shortcut: what the quick looks
+    /// are checked against (`assert_quiet`, `tests::quiet_poll`).
     pub(crate) fn poll_op_slow(&mut self) -> Option<Op> {
+        self.poll_slow(&mut ToOps, false)
+    }
+
+    /// The full path of both polls, for either sink: issues READs and moves frames into SENDs
+    /// (into `sink`) whenever no operation is queued, then returns the oldest operation queued.
+    /// `ask_first`: call `Rendezvous::issue` (not inlined) only when [`Rendezvous::can_issue`]
+    /// says it has work, which most polls do not (exact: `tests::quiet_poll` checks it).
+    #[inline(never)]
+    fn poll_slow(&mut self, sink: &mut impl Sink, ask_first: bool) -> Option<Op> {
         if self.ops.is_empty() {
-            self.rdv.issue(self.now, &mut self.ops, &mut self.stats);
-            self.flush(&mut ToOps);
+            if !ask_first || self.rdv.can_issue() {
+                self.rdv.issue(self.now, &mut self.ops, &mut self.stats);
+            }
+            self.flush(sink);
         }
         self.ops.pop_front()
     }
@@ -424,20 +435,7 @@ impl Link {
             self.assert_quiet();
             return None;
         }
-        self.poll_op_into_slow(batch)
-    }
-
-    /// [`Link::poll_op_into`] without the quick look.
-    #[inline(never)]
-    fn poll_op_into_slow(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
-        if self.ops.is_empty() {
-            // Asked first: most polls have no READ to issue, and `issue` is not inlined.
-            if self.rdv.can_issue() {
-                self.rdv.issue(self.now, &mut self.ops, &mut self.stats);
-            }
-            self.flush(batch);
-        }
-        self.ops.pop_front()
+        self.poll_slow(batch, true)
     }
 
     /// The earliest READ or done-report deadline added since the last look. Keepalive needs no

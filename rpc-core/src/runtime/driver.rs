@@ -360,6 +360,8 @@ fn post_ops_slow<P: ProtoEnd>(
         // SENDs go straight into `sends`; the other operations come back here, in order.
         while let Some(op) = proto.next_op_into(sends) {
             match op {
+                // Only SENDs an earlier `next_op` queued (the driver never calls it before
+                // closing): kept in order all the same.
                 Op::Send { wr_id, frame } => sends.push((wr_id, frame)),
                 Op::Register { call_id, data } => {
                     let result = conn.register(data).map_err(Detail::from_error);

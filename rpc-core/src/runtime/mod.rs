@@ -8,7 +8,7 @@ mod call_slots;
 mod client;
 mod commands;
 mod config;
-mod driver;
+pub(crate) mod driver;
 mod handshake;
 pub(crate) mod observe;
 mod server;

@@ -175,6 +175,11 @@ pub struct RdmaConnection {
     /// Regions of pool memory advertised with their chunk's key, kept alive until revoked.
     pub(super) pooled_regions: HashMap<RegionDesc, Bytes>,
     pub(super) ready: VecDeque<Completion>,
+    /// While `post_send_batch_reporting` runs (`reporting`): the SENDs completed at posting
+    /// (unsignaled), on their way to its caller's list, not through `ready`. Empty otherwise;
+    /// its capacity is reused.
+    pub(super) posted_done: Vec<(WrId, Result<(), TransportError>)>,
+    pub(super) reporting: bool,
     pub(super) peer_hello: Option<Result<Hello, TransportError>>,
     /// Hello nudges (zero-length RDMA WRITEs) this side sent while connecting, at most
     /// `HELLO_NUDGES`.
@@ -383,10 +388,14 @@ impl Connection for RdmaConnection {
         done: &mut Vec<(WrId, Result<(), TransportError>)>,
     ) -> Result<(), TransportError> {
         let before = self.ready.len();
+        // The unsignaled SENDs are set aside for `done` as they are posted (`flush_sq`).
+        self.reporting = true;
         let result = self.post_send_batch(sends);
-        // What the posting completed (unsignaled SENDs, reported once posted; or SENDs flushed
-        // by a failure) was appended to `ready`: SEND completions go to the caller, the rest
-        // stay, in order.
+        self.reporting = false;
+        done.append(&mut self.posted_done);
+        // What else the posting completed (SENDs failed or flushed by a failure) was appended to
+        // `ready`: SEND completions go to the caller, after those posted, the rest stay, in
+        // order.
         let mut i = before;
         while i < self.ready.len() {
             if matches!(self.ready[i], Completion::Send { .. }) {

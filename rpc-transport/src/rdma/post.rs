@@ -447,7 +447,11 @@ impl RdmaConnection {
             };
             for b in self.sq_batch.drain(..posted) {
                 if let Some(wr_id) = b.unsignaled {
-                    self.ready.push_back(Completion::Send { wr_id, result: Ok(()) });
+                    if self.reporting {
+                        self.posted_done.push((wr_id, Ok(())));
+                    } else {
+                        self.ready.push_back(Completion::Send { wr_id, result: Ok(()) });
+                    }
                 }
             }
             if let Err(e) = result {

@@ -232,6 +232,8 @@ fn build_connection(
         regions: HashMap::new(),
         pooled_regions: HashMap::new(),
         ready: VecDeque::new(),
+        posted_done: Vec::new(),
+        reporting: false,
         peer_hello: None,
         nudges_sent: 0,
         failed: None,

@@ -5,9 +5,10 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{Detail, RKey, ReadError, Received, RegionDesc, SendBuf, WrId};
+use rpc_transport::{RKey, ReadError, Received, RegionDesc, SendBuf, WrId};
 
 use crate::proto::*;
+use crate::runtime::driver::ProtoEnd;
 
 /// One end's side of the fabric.
 #[derive(Default)]
@@ -220,51 +221,20 @@ impl Pair {
     }
 }
 
-/// What [`run_ops`] asks of either end.
-trait End {
-    fn poll_op(&mut self) -> Option<Op>;
-    fn poll_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op>;
-    fn has_ops(&self) -> bool;
-    fn handle_send_complete(&mut self, wr_id: WrId, result: Result<(), String>) -> Result<(), ProtoError>;
-    fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>);
-}
-
-macro_rules! impl_end {
-    ($ty:ty) => {
-        impl End for $ty {
-            fn poll_op(&mut self) -> Option<Op> {
-                <$ty>::poll_op(self)
-            }
-            fn poll_op_into(&mut self, batch: &mut Vec<(WrId, SendBuf)>) -> Option<Op> {
-                <$ty>::poll_op_into(self, batch)
-            }
-            fn has_ops(&self) -> bool {
-                <$ty>::has_ops(self)
-            }
-            fn handle_send_complete(
-                &mut self,
-                wr_id: WrId,
-                result: Result<(), String>,
-            ) -> Result<(), ProtoError> {
-                <$ty>::handle_send_complete(self, wr_id, result)
-            }
-            fn handle_registered(&mut self, call_id: u64, result: Result<RegionDesc, Detail>) {
-                <$ty>::handle_registered(self, call_id, result)
-            }
-        }
-    };
-}
-impl_end!(ClientProto);
-impl_end!(ServerProto);
-
 /// Carries out every operation `end` asks for now: its SENDs go into `peer`'s inbox (counted in
 /// `sends`), its regions into `own`'s table. Returns how many operations there were. `batched`:
 /// as the runtime's driver does (`driver::post_ops`), else one by one.
-fn run_ops(end: &mut impl End, own: &mut Side, peer: &mut Side, sends: &mut usize, batched: bool) -> usize {
+fn run_ops(
+    end: &mut impl ProtoEnd,
+    own: &mut Side,
+    peer: &mut Side,
+    sends: &mut usize,
+    batched: bool,
+) -> usize {
     let mut ops = 0;
     let mut batch = Vec::new();
     loop {
-        while let Some(op) = if batched { end.poll_op_into(&mut batch) } else { end.poll_op() } {
+        while let Some(op) = if batched { end.next_op_into(&mut batch) } else { end.next_op() } {
             match op {
                 // One by one: posted at once.
                 Op::Send { wr_id, frame } => batch.push((wr_id, frame)),
@@ -300,12 +270,17 @@ fn run_ops(end: &mut impl End, own: &mut Side, peer: &mut Side, sends: &mut usiz
 }
 
 /// Posts `batch` (into `peer`'s inbox) and completes its SENDs; returns how many there were.
-fn post(end: &mut impl End, batch: &mut Vec<(WrId, SendBuf)>, peer: &mut Side, sends: &mut usize) -> usize {
+fn post(
+    end: &mut impl ProtoEnd,
+    batch: &mut Vec<(WrId, SendBuf)>,
+    peer: &mut Side,
+    sends: &mut usize,
+) -> usize {
     let n = batch.len();
     for (wr_id, frame) in batch.drain(..) {
         *sends += 1;
         deliver(peer, frame.into_bytes());
-        end.handle_send_complete(wr_id, Ok(())).expect("send completion");
+        end.handle_send(wr_id, Ok(())).expect("send completion");
     }
     n
 }
