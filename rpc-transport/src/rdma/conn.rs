@@ -20,8 +20,8 @@ use super::hello::Hello;
 use super::slab::Slab;
 use super::sys::{RecvWr, SendWr, Sge, WorkCompletion};
 use crate::{
-    Buf, Completion, ConnInfo, Connection, KeyPolicy, MemPool, RKey, ReadError, RecvBuffer, RegionDesc,
-    SendBuf, TransportCounters, TransportError, WrId,
+    take_each, Buf, Completion, ConnInfo, Connection, KeyPolicy, MemPool, RKey, ReadError, RecvBuffer,
+    RegionDesc, SendBuf, TransportCounters, TransportError, WrId,
 };
 
 /// A work request in flight; its slab key is the verbs `wr_id`.
@@ -356,10 +356,11 @@ impl Connection for RdmaConnection {
 
     fn post_recv_batch(&mut self, bufs: &mut Vec<RecvBuffer>) -> Result<(), TransportError> {
         self.check_alive()?;
-        for buf in bufs.drain(..) {
+        let _ = take_each(bufs, |buf| {
             self.counters.recvs_posted += 1;
             self.post_user_recv(buf);
-        }
+            Ok::<(), std::convert::Infallible>(())
+        });
         self.flush_rq();
         Ok(())
     }
@@ -371,12 +372,8 @@ impl Connection for RdmaConnection {
     }
 
     fn post_send_batch(&mut self, sends: &mut Vec<(WrId, SendBuf)>) -> Result<(), TransportError> {
-        let mut result = Ok(());
-        for (wr_id, msg) in sends.drain(..) {
-            if result.is_ok() {
-                result = self.queue_send(wr_id, msg);
-            }
-        }
+        // Stops at a refused SEND: the ones after it are dropped unposted.
+        let result = take_each(sends, |(wr_id, msg)| self.queue_send(wr_id, msg));
         // One pump: the SENDs leave in chains, one doorbell per `POST_BATCH`.
         self.pump();
         result
@@ -477,8 +474,13 @@ impl Connection for RdmaConnection {
             self.poll_progress(cx);
         }
         if !self.ready.is_empty() {
+            // One by one (a `Drain` costs more than the loop for the one or two of a poll).
             let n = max.min(self.ready.len());
-            out.extend(self.ready.drain(..n));
+            for _ in 0..n {
+                if let Some(c) = self.ready.pop_front() {
+                    out.push(c);
+                }
+            }
             return Poll::Ready(Ok(()));
         }
         if self.fully_flushed() {
