@@ -169,6 +169,23 @@ async fn message_size_limit(b: Backend) {
     assert_eq!(recv(&mut *server).await, b"before");
     send_ok(&mut *client, 7, b"still here").await;
     assert_eq!(recv(&mut *server).await, b"still here", "the SEND after the refused one never left");
+    // The same through `post_send_batch`, which reports completions through `poll` alone.
+    let mut batch = vec![
+        (8, Bytes::from_static(b"first").into()),
+        (9, Bytes::from(pattern(101)).into()),
+        (10, Bytes::from_static(b"never").into()),
+    ];
+    match client.post_send_batch(&mut batch) {
+        Err(TransportError::MessageTooLarge { len: 101, max: 100 }) => {}
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    assert!(batch.is_empty(), "the batch is drained");
+    let (id, result) = send_done(&mut *client).await;
+    assert_eq!(id, 8);
+    result.expect("send");
+    assert_eq!(recv(&mut *server).await, b"first");
+    send_ok(&mut *client, 11, b"and after").await;
+    assert_eq!(recv(&mut *server).await, b"and after", "the SEND after the refused one never left");
 }
 
 async fn connection_info(b: Backend) {
