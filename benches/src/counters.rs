@@ -60,6 +60,13 @@ pub struct Counters {
     /// Posts of SENDs to the transport: write system calls (tcp), `ibv_post_send` calls (rdma).
     #[serde(default)]
     pub send_posts: u64,
+    /// Passes over the connection run by the calling tasks (client side).
+    #[serde(default)]
+    pub caller_passes: u64,
+    /// Empty completion-queue polls inside busy-poll windows (rdma with a window): where a
+    /// busy-polling run spent its spare turns.
+    #[serde(default)]
+    pub busy_poll_spins: u64,
 }
 
 impl From<&ConnStats> for Counters {
@@ -90,6 +97,8 @@ impl From<&ConnStats> for Counters {
             driver_polls: s.driver_polls,
             handlers_spawned: s.handlers_spawned,
             send_posts: t.send_posts,
+            caller_passes: s.caller_passes,
+            busy_poll_spins: t.busy_poll_spins,
         }
     }
 }
@@ -97,7 +106,7 @@ impl From<&ConnStats> for Counters {
 impl Counters {
     /// Field-by-field sum.
     pub fn add(&mut self, o: &Counters) {
-        let pairs: [(&mut u64, u64); 24] = [
+        let pairs: [(&mut u64, u64); 26] = [
             (&mut self.calls_completed, o.calls_completed),
             (&mut self.eager_sent, o.eager_sent),
             (&mut self.rendezvous_sent, o.rendezvous_sent),
@@ -122,6 +131,8 @@ impl Counters {
             (&mut self.driver_polls, o.driver_polls),
             (&mut self.handlers_spawned, o.handlers_spawned),
             (&mut self.send_posts, o.send_posts),
+            (&mut self.caller_passes, o.caller_passes),
+            (&mut self.busy_poll_spins, o.busy_poll_spins),
         ];
         for (mine, theirs) in pairs {
             *mine += theirs;
@@ -129,7 +140,7 @@ impl Counters {
     }
 
     /// The rows printed at the end of a run: `(name, value)`.
-    pub fn rows(&self) -> [(&'static str, u64); 20] {
+    pub fn rows(&self) -> [(&'static str, u64); 22] {
         [
             ("calls completed", self.calls_completed),
             ("eager sent", self.eager_sent),
@@ -149,6 +160,8 @@ impl Counters {
             ("keys revoked", self.keys_revoked),
             ("cancels", self.cancels),
             ("driver polls", self.driver_polls),
+            ("caller passes", self.caller_passes),
+            ("busy-poll spins", self.busy_poll_spins),
             ("handlers spawned", self.handlers_spawned),
             ("SEND posts", self.send_posts),
         ]
@@ -167,12 +180,16 @@ mod tests {
             reads_refused: 3,
             driver_polls: 4,
             handlers_spawned: 5,
+            caller_passes: 6,
+            busy_poll_spins: 7,
             ..Counters::default()
         };
         let mut sum = one;
         sum.add(&one);
         assert_eq!(sum.eager_sent, 2);
         assert_eq!(sum.driver_polls, 8);
+        assert_eq!(sum.caller_passes, 12);
+        assert_eq!(sum.busy_poll_spins, 14);
         assert_eq!(sum.handlers_spawned, 10);
         assert_eq!(sum.credit_stalls, 4);
         assert_eq!(sum.reads_refused, 6);
