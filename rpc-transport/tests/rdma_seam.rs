@@ -313,45 +313,8 @@ async fn message_size_limit() {
     }
     send_ok(&mut *client, 3, b"still here").await;
     assert_eq!(recv(&mut *server).await, b"still here");
-    // In a batch (posted as one chain): the SENDs before the one too large still go, the error
-    // comes back, and what follows it is not sent.
-    let mut batch = vec![
-        (4, Bytes::from_static(b"before").into()),
-        (5, Bytes::from(pattern(101)).into()),
-        (6, Bytes::from_static(b"after").into()),
-    ];
-    let mut done = Vec::new();
-    match client.post_send_batch_reporting(&mut batch, &mut done) {
-        Err(TransportError::MessageTooLarge { len: 101, max: 100 }) => {}
-        other => panic!("expected MessageTooLarge, got {other:?}"),
-    }
-    assert!(batch.is_empty(), "the batch is drained");
-    assert!(done.iter().all(|(id, r)| *id == 4 && r.is_ok()), "only the first was sent: {done:?}");
-    if done.is_empty() {
-        let (id, result) = send_done(&mut *client).await;
-        assert_eq!(id, 4);
-        result.expect("send");
-    }
-    assert_eq!(recv(&mut *server).await, b"before");
-    send_ok(&mut *client, 7, b"still here").await;
-    assert_eq!(recv(&mut *server).await, b"still here", "the SEND after the refused one never left");
-    // The same through `post_send_batch`, which reports completions through `poll` alone.
-    let mut batch = vec![
-        (8, Bytes::from_static(b"first").into()),
-        (9, Bytes::from(pattern(101)).into()),
-        (10, Bytes::from_static(b"never").into()),
-    ];
-    match client.post_send_batch(&mut batch) {
-        Err(TransportError::MessageTooLarge { len: 101, max: 100 }) => {}
-        other => panic!("expected MessageTooLarge, got {other:?}"),
-    }
-    assert!(batch.is_empty(), "the batch is drained");
-    let (id, result) = send_done(&mut *client).await;
-    assert_eq!(id, 8);
-    result.expect("send");
-    assert_eq!(recv(&mut *server).await, b"first");
-    send_ok(&mut *client, 11, b"and after").await;
-    assert_eq!(recv(&mut *server).await, b"and after", "the SEND after the refused one never left");
+    // In a batch (posted as one chain).
+    common::batch_stops_at_a_send_too_large(&mut *client, &mut *server, 100).await;
 }
 
 /// As on mem/tcp, except `max_reads_in_flight` (negotiated with the device) and `peer`.

@@ -143,6 +143,52 @@ pub async fn headed_message_arrives_whole(
     assert_eq!(recv(server).await, b"between");
 }
 
+/// A SEND larger than the peer's receives (`max` bytes) in the middle of a batch, through
+/// `post_send_batch_reporting` and then `post_send_batch`: the SEND before it goes, the error
+/// comes back, the batch is drained, and the SEND after it is never sent. Uses `wr_id`s from 100.
+pub async fn batch_stops_at_a_send_too_large(
+    client: &mut dyn Connection,
+    server: &mut dyn Connection,
+    max: usize,
+) {
+    let too_large = || Bytes::from(vec![7u8; max + 1]).into();
+    let expect_too_large = |result: Result<(), TransportError>| match result {
+        Err(TransportError::MessageTooLarge { len, max: m }) if len == max + 1 && m == max => {}
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    };
+    let mut batch = vec![
+        (100, Bytes::from_static(b"before").into()),
+        (101, too_large()),
+        (102, Bytes::from_static(b"after").into()),
+    ];
+    let mut done = Vec::new();
+    expect_too_large(client.post_send_batch_reporting(&mut batch, &mut done));
+    assert!(batch.is_empty(), "the batch is drained");
+    assert!(done.iter().all(|(id, r)| *id == 100 && r.is_ok()), "only the first was sent: {done:?}");
+    if done.is_empty() {
+        let (id, result) = send_done(client).await;
+        assert_eq!(id, 100);
+        result.expect("send");
+    }
+    assert_eq!(recv(server).await, b"before");
+    send_ok(client, 103, b"still here").await;
+    assert_eq!(recv(server).await, b"still here", "the SEND after the refused one never left");
+    // `post_send_batch` reports every completion through `poll_completions`.
+    let mut batch = vec![
+        (104, Bytes::from_static(b"first").into()),
+        (105, too_large()),
+        (106, Bytes::from_static(b"never").into()),
+    ];
+    expect_too_large(client.post_send_batch(&mut batch));
+    assert!(batch.is_empty(), "the batch is drained");
+    let (id, result) = send_done(client).await;
+    assert_eq!(id, 104);
+    result.expect("send");
+    assert_eq!(recv(server).await, b"first");
+    send_ok(client, 107, b"and after").await;
+    assert_eq!(recv(server).await, b"and after", "the SEND after the refused one never left");
+}
+
 /// Polls until `cond` holds on the connection's counters (they change asynchronously on tcp).
 pub async fn wait_counters(
     conn: &dyn Connection,
