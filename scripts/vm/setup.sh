@@ -84,17 +84,37 @@ fetch_kernel_image() {
     step_end "linux-image-$KVER $DEBVER"
 }
 
+# Prints the version of PACKAGE to download for the kernel $DEBVER: $DEBVER itself when apt has it,
+# else the newest one of the same upstream release (6.1.192-2 -> 6.1.192-3). The archive does not
+# publish a kernel's packages at once: on 2026-11-28 bookworm-security had linux-image and
+# linux-headers at 6.1.192-2 but linux-kbuild only at 6.1.192-3, and siw.ko was not built. The
+# kbuild tools and the siw sources of one upstream release build the same module.
+version_for_kernel() {
+    local pkg="$1" versions v
+    versions="$(apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')"
+    if grep -qxF "$DEBVER" <<<"$versions"; then
+        echo "$DEBVER"
+        return
+    fi
+    v="$(grep -F "${DEBVER%-*}-" <<<"$versions" | sort -V | tail -n1)"
+    [[ -n "$v" ]] || vm_die "apt has no $pkg of upstream ${DEBVER%-*} (wanted $DEBVER; has: ${versions//$'\n'/ })"
+    vm_log "   $pkg $DEBVER is not in the archive: using $v (same upstream release)"
+    echo "$v"
+}
+
 # Unpacks the headers (+ kbuild) of exactly $KVER/$DEBVER into a scratch dir; prints the kbuild dir.
 unpack_kernel_headers() {
     local series="${KVER%%.0-*}" # 6.1.0-56-amd64 -> 6.1
     local common="${KVER%-amd64}-common"
-    local scratch="$RPC_VM_CACHE/build/headers" deb
+    local scratch="$RPC_VM_CACHE/build/headers" deb kbuild_ver
+    kbuild_ver="$(version_for_kernel "linux-kbuild-$series")"
     mkdir -p "$RPC_VM_CACHE/debs"
     (cd "$RPC_VM_CACHE/debs" && apt_download "linux-headers-$KVER=$DEBVER" \
-        "linux-headers-$common=$DEBVER" "linux-kbuild-$series=$DEBVER") >&2
+        "linux-headers-$common=$DEBVER" "linux-kbuild-$series=$kbuild_ver") >&2
     rm -rf "$scratch"
     mkdir -p "$scratch"
-    for deb in "$RPC_VM_CACHE"/debs/linux-{headers-"$KVER",headers-"$common",kbuild-"$series"}_"$DEBVER"_*.deb; do
+    for deb in "$RPC_VM_CACHE"/debs/linux-{headers-"$KVER",headers-"$common"}_"$DEBVER"_*.deb \
+        "$RPC_VM_CACHE"/debs/linux-kbuild-"$series"_"$kbuild_ver"_*.deb; do
         dpkg-deb -x "$deb" "$scratch"
     done
     local kbuild="$scratch/usr/src/linux-headers-$KVER"
@@ -107,12 +127,13 @@ unpack_kernel_headers() {
 # Extracts drivers/infiniband/sw/siw from linux-source-<series> $DEBVER; prints the source dir.
 extract_siw_source() {
     local series="${KVER%%.0-*}"
-    local scratch="$RPC_VM_CACHE/build/src"
+    local scratch="$RPC_VM_CACHE/build/src" source_ver
+    source_ver="$(version_for_kernel "linux-source-$series")"
     mkdir -p "$RPC_VM_CACHE/debs"
-    (cd "$RPC_VM_CACHE/debs" && apt_download "linux-source-$series=$DEBVER") >&2
+    (cd "$RPC_VM_CACHE/debs" && apt_download "linux-source-$series=$source_ver") >&2
     rm -rf "$scratch"
     mkdir -p "$scratch"
-    dpkg-deb --fsys-tarfile "$RPC_VM_CACHE/debs/linux-source-${series}_${DEBVER}_all.deb" |
+    dpkg-deb --fsys-tarfile "$RPC_VM_CACHE/debs/linux-source-${series}_${source_ver}_all.deb" |
         tar -xO "./usr/src/linux-source-$series.tar.xz" |
         tar -xJ -C "$scratch" --wildcards "linux-source-$series/drivers/infiniband/sw/siw/*"
     echo "$scratch/linux-source-$series/drivers/infiniband/sw/siw"
