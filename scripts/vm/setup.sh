@@ -92,6 +92,11 @@ fetch_kernel_image() {
 version_for_kernel() {
     local pkg="$1" versions v
     versions="$(apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')"
+    if ! grep -qF "${DEBVER%-*}-" <<<"$versions"; then
+        # Package lists older than the kernel (e.g. a cached kernel on a new machine): update once.
+        apt-get -q update >&2
+        versions="$(apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')"
+    fi
     if grep -qxF "$DEBVER" <<<"$versions"; then
         echo "$DEBVER"
         return
