@@ -12,11 +12,13 @@ use rpc_core::proto::{decode_desc, Header, Kind as FrameKind, ProtoConfig, FLAG_
 use rpc_core::transport::{self, Completion, ConnParams, Connection};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig};
 
-/// Connection parameters of a raw peer that speaks the protocol by hand.
+/// Connection parameters of a raw peer that speaks the protocol by hand. It posts `recv_depth`
+/// receives for the client's credits plus the spares, as an rpc-core endpoint does (the client
+/// takes the receives less the spares as its credits).
 fn raw_params() -> ConnParams {
     let proto = common::proto();
     ConnParams {
-        recv_depth: proto.recv_depth,
+        recv_depth: proto.recv_depth + rpc_core::proto::SPARE_RECEIVES,
         recv_size: proto.recv_size(),
         private_data: proto.hello().encode().into(),
         ..ConnParams::default()
