@@ -90,9 +90,11 @@ fetch_kernel_image() {
 # linux-headers at 6.1.192-2 but linux-kbuild only at 6.1.192-3, and siw.ko was not built. The
 # kbuild tools and the siw sources of one upstream release build the same module.
 version_for_kernel() {
-    local pkg="$1" versions v
+    local pkg="$1" upstream="${DEBVER%-*}-" versions v
     versions="$(apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')"
-    if ! grep -qF "${DEBVER%-*}-" <<<"$versions"; then
+    # The versions of the kernel's upstream release, newest last.
+    same_upstream() { awk -v p="$upstream" 'index($0, p) == 1' <<<"$versions" | sort -V; }
+    if [[ -z "$(same_upstream)" ]]; then
         # Package lists older than the kernel (e.g. a cached kernel on a new machine): update once.
         apt-get -q update >&2
         versions="$(apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')"
@@ -101,13 +103,14 @@ version_for_kernel() {
         echo "$DEBVER"
         return
     fi
-    v="$(grep -F "${DEBVER%-*}-" <<<"$versions" | sort -V | tail -n1)"
+    v="$(same_upstream | tail -n1)"
     [[ -n "$v" ]] || vm_die "apt has no $pkg of upstream ${DEBVER%-*} (wanted $DEBVER; has: ${versions//$'\n'/ })"
     vm_log "   $pkg $DEBVER is not in the archive: using $v (same upstream release)"
     echo "$v"
 }
 
-# Unpacks the headers (+ kbuild) of exactly $KVER/$DEBVER into a scratch dir; prints the kbuild dir.
+# Unpacks the headers of exactly $KVER/$DEBVER, and the kbuild tools of its upstream release
+# (version_for_kernel), into a scratch dir; prints the kbuild dir.
 unpack_kernel_headers() {
     local series="${KVER%%.0-*}" # 6.1.0-56-amd64 -> 6.1
     local common="${KVER%-amd64}-common"
@@ -129,7 +132,8 @@ unpack_kernel_headers() {
     echo "$kbuild"
 }
 
-# Extracts drivers/infiniband/sw/siw from linux-source-<series> $DEBVER; prints the source dir.
+# Extracts drivers/infiniband/sw/siw from linux-source-<series> of $DEBVER's upstream release
+# (version_for_kernel); prints the source dir.
 extract_siw_source() {
     local series="${KVER%%.0-*}"
     local scratch="$RPC_VM_CACHE/build/src" source_ver
