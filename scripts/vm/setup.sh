@@ -91,22 +91,30 @@ fetch_kernel_image() {
 # kbuild tools and the siw sources of one upstream release build the same module.
 version_for_kernel() {
     local pkg="$1" upstream="${DEBVER%-*}-" versions v
-    versions="$(apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')"
-    # The versions of the kernel's upstream release, newest last.
-    same_upstream() { awk -v p="$upstream" 'index($0, p) == 1' <<<"$versions" | sort -V; }
-    if [[ -z "$(same_upstream)" ]]; then
+    versions="$(apt_versions "$pkg")"
+    if [[ -z "$(versions_of_upstream "$upstream" <<<"$versions")" ]]; then
         # Package lists older than the kernel (e.g. a cached kernel on a new machine): update once.
         apt-get -q update >&2
-        versions="$(apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')"
+        versions="$(apt_versions "$pkg")"
     fi
     if grep -qxF "$DEBVER" <<<"$versions"; then
         echo "$DEBVER"
         return
     fi
-    v="$(same_upstream | tail -n1)"
+    v="$(versions_of_upstream "$upstream" <<<"$versions" | tail -n1)"
     [[ -n "$v" ]] || vm_die "apt has no $pkg of upstream ${DEBVER%-*} (wanted $DEBVER; has: ${versions//$'\n'/ })"
     vm_log "   $pkg $DEBVER is not in the archive: using $v (same upstream release)"
     echo "$v"
+}
+
+# The versions of PKG that apt knows, one a line.
+apt_versions() {
+    apt-cache madison "$1" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }'
+}
+
+# The versions on stdin that begin with PREFIX (an upstream release and its dash), newest last.
+versions_of_upstream() {
+    awk -v p="$1" 'index($0, p) == 1' | sort -V
 }
 
 # Unpacks the headers of exactly $KVER/$DEBVER, and the kbuild tools of its upstream release
