@@ -434,7 +434,7 @@ async fn open(
         slots: slots.clone(),
         wakers: Vec::new(),
         scratch: driver::Scratch::new(),
-        sleep: driver::Timer::new(),
+        sleep: driver::Timer::new(config.timer_thread),
         closing: false,
         finished: false,
         quiet: None,

@@ -38,6 +38,18 @@ pub struct ClientConfig {
     /// start as many again, and they leave in one batch). Default `true`; `false`: every call
     /// goes through the driver task. No memory cost either way.
     pub caller_drives: bool,
+    /// Connection timers (call deadlines, keepalive, READ and done timeouts) wait on the
+    /// process's timer thread, not in the tokio runtime's timer wheel. Default `true`: a
+    /// runtime whose wheel holds a timer parks with a timeout, which costs each of its wake-ups
+    /// two more clock reads and a kernel timer armed and cancelled, and a connection always
+    /// has a timer armed (about 4% of a 32 B round trip over tcp; BENCHMARKS.md). The thread
+    /// sleeps until the earliest timer of all connections and wakes only that connection; it
+    /// follows the system clock. `false`: timers go in the runtime's wheel, as tokio's own do;
+    /// use it under tokio's paused test clock (`test-util`) to have deadlines follow that
+    /// clock. Memory: one thread per process (128 KiB of stack), started on first use, and one
+    /// entry per connection while its timer is armed. If the thread cannot be started,
+    /// connections use the runtime's wheel.
+    pub timer_thread: bool,
 }
 
 impl Default for ClientConfig {
@@ -49,6 +61,7 @@ impl Default for ClientConfig {
             reconnect: None,
             rdma: rpc_transport::RdmaSettings::default(),
             caller_drives: true,
+            timer_thread: true,
         }
     }
 }
@@ -124,6 +137,11 @@ impl ClientConfig {
         self.caller_drives = on;
         self
     }
+    /// Sets [`ClientConfig::timer_thread`].
+    pub fn timer_thread(mut self, on: bool) -> Self {
+        self.timer_thread = on;
+        self
+    }
 }
 
 /// Server settings.
@@ -172,6 +190,8 @@ pub struct ServerConfig {
     /// slot of [`ServerConfig::max_concurrent_handlers`] while it runs, and a panic is answered
     /// as a `Handler` error.
     pub inline_handlers: bool,
+    /// Where connection timers wait: see [`ClientConfig::timer_thread`]. Default `true`.
+    pub timer_thread: bool,
 }
 
 impl Default for ServerConfig {
@@ -188,6 +208,7 @@ impl Default for ServerConfig {
             shutdown_timeout: Duration::from_secs(30),
             rdma: rpc_transport::RdmaSettings::default(),
             inline_handlers: false,
+            timer_thread: true,
         }
     }
 }
@@ -246,6 +267,11 @@ impl ServerConfig {
     /// Sets [`ServerConfig::inline_handlers`].
     pub fn inline_handlers(mut self, inline: bool) -> Self {
         self.inline_handlers = inline;
+        self
+    }
+    /// Sets [`ServerConfig::timer_thread`].
+    pub fn timer_thread(mut self, on: bool) -> Self {
+        self.timer_thread = on;
         self
     }
 }

@@ -16,6 +16,7 @@ use rpc_transport::{
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
+use super::timer_thread::Alarm;
 use crate::proto::{ClientProto, Op, ProtoError, ProtoStats, ServerProto};
 
 /// Completions taken per poll of the completion queue.
@@ -449,19 +450,57 @@ pub(crate) fn revoke_after_close<P: ProtoEnd>(conn: &mut dyn Connection, proto: 
 /// call started every round, each with the same timeout, later than the one armed) and every
 /// round that found nothing to do (every spin of a busy-polling driver) skip the asking, a look
 /// through the deadlines and a table lookup.
+///
+/// The timer waits on the process's timer thread (`timer_thread.rs`), or in the tokio runtime's
+/// timer wheel when the configuration asks for it (`timer_thread: false`) or the thread could
+/// not be started: a timer in the wheel makes the runtime park with a timeout, which costs every
+/// wake-up of the runtime, not just this connection's.
 #[derive(Debug)]
 pub(crate) struct Timer {
-    sleep: Pin<Box<Sleep>>,
-    /// When the sleep is set to fire (its waker registered); `None`: not armed.
+    wait: Wait,
+    /// When the timer is set to fire (its waker registered); `None`: not armed.
     armed: Option<tokio::time::Instant>,
     /// The state machine has not changed since its next timeout was last taken and armed for
     /// (and the timer has not fired since).
     current: bool,
 }
 
+/// Where a [`Timer`] waits.
+#[derive(Debug)]
+enum Wait {
+    Thread(Alarm),
+    Runtime(Pin<Box<Sleep>>),
+}
+
 impl Timer {
-    pub(crate) fn new() -> Self {
-        Timer { sleep: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)), armed: None, current: false }
+    /// A timer on the timer thread if `on_thread` (and the thread runs), else in the runtime's
+    /// timer wheel.
+    pub(crate) fn new(on_thread: bool) -> Self {
+        let wait = match on_thread.then(Alarm::new).flatten() {
+            Some(alarm) => Wait::Thread(alarm),
+            None => Wait::Runtime(Box::pin(tokio::time::sleep(std::time::Duration::ZERO))),
+        };
+        Timer { wait, armed: None, current: false }
+    }
+
+    /// Whether the armed timer fired.
+    fn fired(&self) -> bool {
+        match &self.wait {
+            Wait::Thread(alarm) => alarm.fired(),
+            Wait::Runtime(sleep) => sleep.is_elapsed(),
+        }
+    }
+
+    /// Arms the timer for `at`, to wake `cx`'s waker; `Ready` (nothing armed) if `at` has
+    /// passed.
+    fn arm(&mut self, at: tokio::time::Instant, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.wait {
+            Wait::Thread(alarm) => alarm.arm(at.into_std(), cx.waker()),
+            Wait::Runtime(sleep) => {
+                sleep.as_mut().reset(at);
+                sleep.as_mut().poll(cx)
+            }
+        }
     }
 
     /// The state machine may have changed: its next timeout is taken again at the next
@@ -488,7 +527,7 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
             timer.current = false;
         }
     }
-    if timer.armed.is_some() && timer.sleep.is_elapsed() {
+    if timer.armed.is_some() && timer.fired() {
         // It fired: whatever the state machine wants next is armed below.
         timer.armed = None;
         timer.current = false;
@@ -515,8 +554,7 @@ pub(crate) fn drive_timers<P: ProtoEnd>(
             fired = true;
             continue;
         }
-        timer.sleep.as_mut().reset(at);
-        if timer.sleep.as_mut().poll(cx).is_pending() {
+        if timer.arm(at, cx).is_pending() {
             timer.armed = Some(at);
             timer.current = true;
             return Ok(fired);
@@ -588,12 +626,24 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_next_timeout_is_taken_again_only_after_an_earlier_one_or_a_firing() {
+        lazily_armed_timer(false).await;
+    }
+
+    #[tokio::test]
+    async fn the_same_on_the_timer_thread_by_the_system_clock() {
+        lazily_armed_timer(true).await;
+    }
+
+    /// A timer in the runtime's wheel (under the paused clock) or on the timer thread (by the
+    /// system clock) is armed only when an earlier timeout comes or it fires.
+    async fn lazily_armed_timer(on_thread: bool) {
         let start = tokio::time::Instant::now();
         let mut proto =
             OneTimeout { at: Some((start + Duration::from_secs(60)).into_std()), ..Default::default() };
         let (wakes, waker) = CountWakes::waker();
         let mut cx = Context::from_waker(&waker);
-        let (mut timer, mut clock) = (Timer::new(), Clock::default());
+        let (mut timer, mut clock) = (Timer::new(on_thread), Clock::default());
+        assert_eq!(matches!(timer.wait, Wait::Thread(_)), on_thread, "the timer waits where asked");
         let mut drive = |proto: &mut OneTimeout, timer: &mut Timer, clock: &mut Clock| {
             drive_timers(&mut cx, proto, timer, clock).expect("no fatal timeout")
         };
@@ -615,10 +665,13 @@ mod tests {
         }
         assert_eq!((proto.asked, timer.armed), (1, Some(start + Duration::from_secs(60))));
 
-        // A call with an earlier deadline started: asked, re-armed.
-        proto.add(start + Duration::from_millis(10));
+        // A call with an earlier deadline started: asked, re-armed. (By the system clock, far
+        // enough ahead that a loaded machine arms it before it passes.)
+        let lead = Duration::from_millis(if on_thread { 1000 } else { 30 });
+        let earlier = tokio::time::Instant::now() + lead;
+        proto.add(earlier);
         assert!(!drive(&mut proto, &mut timer, &mut clock));
-        assert_eq!((proto.asked, timer.armed), (2, Some(start + Duration::from_millis(10))));
+        assert_eq!((proto.asked, timer.armed), (2, Some(earlier)));
         // The driver can still say so itself (at shutdown): asked again.
         timer.stale();
         assert!(!drive(&mut proto, &mut timer, &mut clock));
@@ -626,8 +679,16 @@ mod tests {
 
         // The deadline passes with nothing changed: the timer fires, wakes the driver, and the
         // next look runs the expiry although nobody called `stale`.
-        tokio::time::advance(Duration::from_millis(11)).await;
+        if on_thread {
+            let waiting = std::time::Instant::now();
+            while wakes.count() == 0 && waiting.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else {
+            tokio::time::advance(lead + Duration::from_millis(1)).await;
+        }
         assert_eq!(wakes.count(), 1, "the armed timer woke the driver");
+        assert!(tokio::time::Instant::now() >= earlier, "not before its deadline");
         clock.reset();
         assert!(drive(&mut proto, &mut timer, &mut clock), "the expiry ran");
         assert_eq!((proto.expired, timer.armed), (1, None));

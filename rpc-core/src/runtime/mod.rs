@@ -14,6 +14,7 @@ pub(crate) mod observe;
 mod server;
 #[cfg(test)]
 mod test_wakers;
+mod timer_thread;
 mod wake_route;
 
 pub use client::Client;

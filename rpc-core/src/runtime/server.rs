@@ -302,7 +302,7 @@ impl Acceptor {
             results_tx,
             results,
             scratch: driver::Scratch::new(),
-            sleep: driver::Timer::new(),
+            sleep: driver::Timer::new(self.config.timer_thread),
             shutdown: shutdown_signal(self.shutdown.clone()),
             shutdown_flag: self.shutdown.clone(),
             shutdown_waker: None,
