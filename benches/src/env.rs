@@ -174,7 +174,23 @@ fn set_affinity(cpus: &[usize]) -> Result<(), BenchError> {
 }
 
 /// The tokio runtime: current-thread for `threads <= 1`, else multi-thread.
+///
+/// First it starts one idle thread (parked for the life of the process), so that every system is
+/// measured in a multi-threaded process, as a service always is. Once a process has a second
+/// thread, glibc runs each system call that is a cancellation point (`epoll_wait`, `recvfrom`,
+/// `sendto`) with two more atomic updates, about 11 ns on the machines of BENCHMARKS.md; rpc-core
+/// starts a timer thread, which would charge that to it (and to whatever system ran after it in
+/// the same process) and not to the others.
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    static IDLE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    IDLE.get_or_init(|| {
+        let idle = std::thread::Builder::new().name("rpc-bench-idle".into()).spawn(|| loop {
+            std::thread::park();
+        });
+        if let Err(e) = idle {
+            eprintln!("rpc-bench: could not start the idle thread ({e}): this process is single-threaded");
+        }
+    });
     if threads <= 1 {
         tokio::runtime::Builder::new_current_thread().enable_all().build()
     } else {
