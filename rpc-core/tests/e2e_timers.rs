@@ -22,7 +22,8 @@ async fn with_runtime_timers_a_deadline_follows_the_paused_clock() {
     let real = Instant::now();
     // Two minutes of virtual time (keepalive pings every 2 s included) against an hour-long
     // handler: the deadline fires when the runtime's clock gets there, at once in real time. On
-    // the timer thread it would take two real minutes and fail below.
+    // the timer thread, which follows the system clock, this fails at once instead: the paused
+    // clock jumps the handler's hour first and the call returns Ok.
     let hurried = s.client.with_options(CallOptions::new().deadline(Duration::from_secs(120)));
     assert_eq!(hurried.slow(3_600_000).await, Err(CallError::DeadlineExceeded));
     let took = real.elapsed();

@@ -680,10 +680,7 @@ mod tests {
         // The deadline passes with nothing changed: the timer fires, wakes the driver, and the
         // next look runs the expiry although nobody called `stale`.
         if on_thread {
-            let waiting = std::time::Instant::now();
-            while wakes.count() == 0 && waiting.elapsed() < Duration::from_secs(10) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wakes.wait_for(1);
         } else {
             tokio::time::advance(lead + Duration::from_millis(1)).await;
         }

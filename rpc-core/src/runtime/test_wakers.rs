@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Wake, Waker};
+use std::time::{Duration, Instant};
 
 /// Counts the wake-ups of the wakers made from it.
 #[derive(Default)]
@@ -18,6 +19,16 @@ impl CountWakes {
     /// The wake-ups so far.
     pub(crate) fn count(&self) -> usize {
         self.0.load(Ordering::Relaxed)
+    }
+
+    /// Waits on this thread, at most 10 s, until there were at least `n` wake-ups (a waker woken
+    /// from another thread); returns the count then, for the caller to assert on.
+    pub(crate) fn wait_for(&self, n: usize) -> usize {
+        let start = Instant::now();
+        while self.count() < n && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.count()
     }
 }
 
