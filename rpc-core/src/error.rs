@@ -34,8 +34,8 @@ use crate::proto::{WireError, WireErrorCode};
 pub enum CallError {
     /// The call's deadline passed before the response arrived; the server was told to stop.
     /// The deadline counts from the moment the call was made, so time spent encoding the
-    /// arguments or waiting for an in-flight slot counts too (a call whose deadline passes
-    /// before it is sent is never sent). A call the caller gives up on (by dropping its future)
+    /// arguments, waiting for an in-flight slot or in the connection's queue counts too (a call
+    /// whose deadline passes before it is sent is never sent). A call the caller gives up on (by dropping its future)
     /// has no error: dropping it cancels it at the server.
     DeadlineExceeded,
     /// The connection is gone (closed, peer died, transport failure); the call may or may not

@@ -88,13 +88,24 @@ impl Counter for CounterImpl {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_deadline_passes_while_encoding_is_never_sent() {
+    // Started in the caller's task (alone on its connection) ...
+    deadline_passed_while_encoding(ClientConfig::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_call_whose_deadline_passes_while_encoding_is_never_sent() {
+    // ... and by the connection's driver task, which measures the time left as it takes the
+    // call from the queue.
+    deadline_passed_while_encoding(ClientConfig::default().caller_drives(false)).await;
+}
+
+async fn deadline_passed_while_encoding(config: ClientConfig) {
     let count = Arc::new(AtomicU64::new(0));
     let addr = Kind::Mem.bind_addr();
     let server = Server::bind(&addr, ServerConfig::default(), CounterServer::new(CounterImpl(count.clone())))
         .await
         .expect("bind");
-    let client =
-        Client::connect(&server.local_addr().to_string(), ClientConfig::default()).await.expect("connect");
+    let client = Client::connect(&server.local_addr().to_string(), config).await.expect("connect");
     let stub = CounterClient::new(client.clone());
     let sent_before = client.stats().await.unwrap().proto.eager_sent;
 

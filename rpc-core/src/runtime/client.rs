@@ -37,11 +37,12 @@ enum Command {
         method: MethodId,
         payload: Payload,
         metadata: Bytes,
-        /// The time left, counted from `at`.
-        timeout: Option<Duration>,
-        /// When the caller measured `timeout` (or started the call, if it has no deadline): the
-        /// driver takes the call's start from it rather than reading the clock again.
-        at: tokio::time::Instant,
+        /// When the call was made (the stubs: before encoding the arguments).
+        started: tokio::time::Instant,
+        /// Its deadline, counted from `started`. The caller does not read the clock to send a
+        /// call: the driver measures the time left as it starts the call, with its own reading
+        /// (one per pass), and does not send a call whose deadline has passed.
+        deadline: Option<Duration>,
     },
     Cancel {
         call_id: u64,
@@ -96,6 +97,9 @@ impl Conn {
             return Err(cmd);
         }
         let was_armed = std::mem::take(&mut state.idle_armed);
+        // Its reading of the clock is from its last pass: this call is measured afresh (and
+        // the timer armed below takes the same reading).
+        state.scratch.clock.reset();
         state.run_command(cmd);
         // The request is posted now, before this task's first pass over the connection.
         let armed = state.post_ready().is_pending() && was_armed && state.arm_timer(&engine.waker);
@@ -578,10 +582,24 @@ impl ClientDriver {
     fn run_command(&mut self, cmd: Command) {
         // A call started adds a deadline, which the timer hears of (see `Timer`).
         match cmd {
-            Command::Call { call_id, method, payload, metadata, timeout, at } => {
-                // The deadline counts from when the caller measured `timeout`: no clock read here.
-                if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, at.into_std()) {
-                    self.slots.complete(call_id, Err(start_error(e)), at, true);
+            Command::Call { call_id, method, payload, metadata, started, deadline } => {
+                // This pass's reading: the time the call took to encode and to get here counts
+                // against its deadline.
+                let now = self.scratch.clock.now();
+                let timeout = match deadline {
+                    Some(deadline) => match deadline.checked_sub(now.saturating_duration_since(started)) {
+                        Some(left) if !left.is_zero() => Some(left),
+                        _ => {
+                            // Passed before it was sent: it is not sent.
+                            self.slots.complete(call_id, Err(CallError::DeadlineExceeded), now, true);
+                            return;
+                        }
+                    },
+                    None => None,
+                };
+                if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, now.into_std())
+                {
+                    self.slots.complete(call_id, Err(start_error(e)), now, true);
                 }
             }
             Command::Cancel { call_id } => {
@@ -771,10 +789,10 @@ impl ClientDriver {
     }
 
     /// Arms the timer for the state machine's next timeout (a call just started), polled with
-    /// the route's `waker` as a pass polls it. Returns whether that was all: `false` when a
-    /// timeout was already due (its events wait for a pass) or fatal (the driver has ended).
+    /// the route's `waker` as a pass polls it, with the clock reading the call was started
+    /// with. Returns whether that was all: `false` when a timeout was already due (its events
+    /// wait for a pass) or fatal (the driver has ended).
     fn arm_timer(&mut self, waker: &Waker) -> bool {
-        self.scratch.clock.reset();
         let cx = &mut Context::from_waker(waker);
         match driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock) {
             Ok(fired) => !fired,

@@ -136,21 +136,6 @@ impl Future for CallFuture<'_> {
     }
 }
 
-/// The time left of `deadline` (from `started`), and when it was measured: the clock is read
-/// only for a deadline.
-fn time_left(
-    deadline: Option<Duration>,
-    started: tokio::time::Instant,
-) -> (Option<Duration>, tokio::time::Instant) {
-    match deadline {
-        Some(t) => {
-            let now = tokio::time::Instant::now();
-            (Some(t.saturating_sub(now.saturating_duration_since(started))), now)
-        }
-        None => (None, started),
-    }
-}
-
 impl Client {
     /// Calls `method` (named `name` in spans, events and metrics), the deadline counting from
     /// `started` (the generated stubs pass the moment they were called, so encoding the
@@ -197,33 +182,30 @@ impl Client {
         if conn.commands.is_closed() {
             return Err(self.not_connected());
         }
+        // No reading of the clock here: the driver measures the time left as it starts the
+        // call, and does not send one whose deadline has passed (encoding a call's arguments
+        // took longer, say).
         let deadline = opts.deadline.or(self.shared.default_deadline);
-        let (left, at) = time_left(deadline, started);
-        if left == Some(Duration::ZERO) {
+        if deadline == Some(Duration::ZERO) {
             return Err(CallError::DeadlineExceeded);
         }
         // `Permit` gives it back.
         if conn.in_flight.try_acquire() {
             // A permit free now: no future to build (no timer either).
-            let call = self.send(Permit(conn), span, method, payload, metadata, left, at)?;
+            let call = self.send(Permit(conn), span, method, payload, metadata, started, deadline)?;
             Ok(CallState::Running(call))
         } else {
             let span = span.clone();
             Ok(CallState::Permit(Box::pin(async move {
                 let acquire = conn.in_flight.acquire();
-                match left {
-                    Some(t) => {
-                        tokio::time::timeout(t, acquire).await.map_err(|_| CallError::DeadlineExceeded)?
+                // One too far away to be a point in time (`Duration::MAX`) is none.
+                match deadline.and_then(|d| started.checked_add(d)) {
+                    Some(at) => {
+                        tokio::time::timeout_at(at, acquire).await.map_err(|_| CallError::DeadlineExceeded)?
                     }
                     None => acquire.await,
                 }
-                let permit = Permit(conn);
-                // The time left is read again only after waiting for a permit.
-                let (left, at) = time_left(deadline, started);
-                if left == Some(Duration::ZERO) {
-                    return Err(CallError::DeadlineExceeded);
-                }
-                self.send(permit, &span, method, payload, metadata, left, at)
+                self.send(Permit(conn), &span, method, payload, metadata, started, deadline)
             })))
         }
     }
@@ -238,13 +220,13 @@ impl Client {
         method: MethodId,
         payload: Payload,
         metadata: Bytes,
-        timeout: Option<Duration>,
-        at: tokio::time::Instant,
+        started: tokio::time::Instant,
+        deadline: Option<Duration>,
     ) -> Result<Running<'a>, CallError> {
         let conn = &permit.0;
         let Some(call_id) = conn.slots.open() else { return Err(self.not_connected()) };
         span.record("call_id", call_id);
-        let command = Command::Call { call_id, method, payload, metadata, timeout, at };
+        let command = Command::Call { call_id, method, payload, metadata, started, deadline };
         // Alone on the connection, the call is started here and this task drives it.
         let (driving, start_armed) = match conn.start_here(command) {
             Ok(armed) => (true, armed),
