@@ -150,8 +150,6 @@ struct TcpConnection {
     /// A SEND was written directly since completions were last polled: we are in a burst, whose
     /// next SENDs go to the writer (one vectored write for all) rather than one system call each.
     direct_unpolled: bool,
-    /// The SENDs of one batch offered for a direct write (reused: no allocation per batch).
-    batch: Vec<(WrId, SendBuf)>,
     info: ConnInfo,
 }
 
@@ -216,7 +214,7 @@ impl TcpConnection {
             // Every SEND is written into the socket (or queued for the writer, which does so).
             copied_sends: u32::MAX,
         };
-        TcpConnection { soft, push, out, direct_unpolled: false, batch: Vec::new(), info }
+        TcpConnection { soft, push, out, direct_unpolled: false, info }
     }
 
     /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the
@@ -294,24 +292,30 @@ impl Connection for TcpConnection {
         // by one, the first written here and the rest by the writer, cost two system calls and
         // woke the peer for the first frame alone); else, or if too large, all to the writer.
         // Those before a SEND that cannot go (too large for the peer, or the endpoint died)
-        // still go; the error is returned after.
-        let TcpConnection { soft, out, batch, direct_unpolled, info, .. } = self;
-        let checked = crate::take_each(sends, |(wr_id, msg)| {
-            check_size(info, &msg)?;
-            batch.push((wr_id, msg));
-            Ok(())
-        });
-        if !batch.is_empty() {
-            if let Err(dead) = soft.begin_direct_sends(batch.len() as u64) {
-                batch.clear();
+        // still go; the error is returned after. The batch is written from where it lies (not
+        // moved to a second list first: two moves of a 96-byte SEND each, about 30 instructions
+        // a SEND).
+        let TcpConnection { soft, out, direct_unpolled, info, .. } = self;
+        let checked = match sends.iter().position(|(_, msg)| check_size(info, msg).is_err()) {
+            Some(first_bad) => {
+                let err = check_size(info, &sends[first_bad].1);
+                sends.truncate(first_bad);
+                err
+            }
+            None => Ok(()),
+        };
+        if !sends.is_empty() {
+            if let Err(dead) = soft.begin_direct_sends(sends.len() as u64) {
+                sends.clear();
                 return Err(dead);
             }
         }
-        out.send_batch_now(batch, |&wr_id| soft.record_direct_send(wr_id));
-        if !batch.is_empty() {
+        // The SENDs the writer takes leave `sends`; those written stay, to be reported.
+        out.send_batch_now(sends, |&wr_id| soft.record_direct_send(wr_id));
+        if !sends.is_empty() {
             *direct_unpolled = true;
         }
-        done.extend(batch.drain(..).map(|(wr_id, _msg)| (wr_id, Ok(()))));
+        done.extend(sends.drain(..).map(|(wr_id, _msg)| (wr_id, Ok(()))));
         checked
     }
 
