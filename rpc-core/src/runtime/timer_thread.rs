@@ -229,7 +229,11 @@ mod tests {
         assert!(alarm.arm(Instant::now() + Duration::from_secs(60), &waker).is_pending());
         assert!(!alarm.fired() && holds(&alarm));
         drop(alarm);
-        assert_eq!(wakes.wait_for(1), 1, "woken once, for the earlier deadline; the dropped alarm left nothing");
+        assert_eq!(
+            wakes.wait_for(1),
+            1,
+            "woken once, for the earlier deadline; the dropped alarm left nothing"
+        );
     }
 
     #[test]
