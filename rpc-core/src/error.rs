@@ -35,8 +35,8 @@ pub enum CallError {
     /// The call's deadline passed before the response arrived; the server was told to stop.
     /// The deadline counts from the moment the call was made, so time spent encoding the
     /// arguments, waiting for an in-flight slot or in the connection's queue counts too (a call
-    /// whose deadline passes before it is sent is never sent). A call the caller gives up on (by dropping its future)
-    /// has no error: dropping it cancels it at the server.
+    /// whose deadline passes before it is sent is never sent). A call the caller gives up on
+    /// (by dropping its future) has no error: dropping it cancels it at the server.
     DeadlineExceeded,
     /// The connection is gone (closed, peer died, transport failure); the call may or may not
     /// have run. The source is the transport's error when the transport failed (and its source

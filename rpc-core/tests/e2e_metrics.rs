@@ -10,7 +10,7 @@ use bytes::Bytes;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig, Server, ServerConfig};
 
-/// Counter values and histogram sample counts by `name{label=value,..}`.
+/// Counter values, and histogram sample counts and largest samples, by `name{label=value,..}`.
 #[derive(Default)]
 struct Recorded {
     counters: Mutex<BTreeMap<String, Arc<Value>>>,
@@ -18,7 +18,7 @@ struct Recorded {
 }
 
 #[derive(Default)]
-struct Value(AtomicU64);
+struct Value(AtomicU64, AtomicU64);
 
 impl metrics::CounterFn for Value {
     fn increment(&self, v: u64) {
@@ -30,8 +30,10 @@ impl metrics::CounterFn for Value {
 }
 
 impl metrics::HistogramFn for Value {
-    fn record(&self, _: f64) {
+    /// Counts the sample and keeps the largest (in millionths).
+    fn record(&self, v: f64) {
         self.0.fetch_add(1, Ordering::Relaxed);
+        self.1.fetch_max((v * 1e6) as u64, Ordering::Relaxed);
     }
 }
 
@@ -75,10 +77,19 @@ fn samples(key: &str) -> u64 {
     recorded().histograms.lock().unwrap().get(key).map_or(0, |v| v.0.load(Ordering::Relaxed))
 }
 
+/// The largest sample of a histogram of seconds.
+fn largest(key: &str) -> Duration {
+    let micros = recorded().histograms.lock().unwrap().get(key).map_or(0, |v| v.1.load(Ordering::Relaxed));
+    Duration::from_micros(micros)
+}
+
 #[rpc_core::service]
 pub trait Timer {
     async fn echo(&self, data: Bytes) -> Bytes;
     async fn sleep(&self, millis: u64);
+    /// Blocks its thread for `millis`: a handler that finishes in its first poll (it runs in
+    /// the connection's driver with `inline_handlers`).
+    async fn busy(&self, millis: u64);
 }
 
 struct TimerImpl;
@@ -90,6 +101,27 @@ impl Timer for TimerImpl {
     async fn sleep(&self, millis: u64) {
         tokio::time::sleep(Duration::from_millis(millis)).await;
     }
+    async fn busy(&self, millis: u64) {
+        std::thread::sleep(Duration::from_millis(millis));
+    }
+}
+
+#[tokio::test]
+async fn a_handler_run_in_the_driver_is_timed_to_its_end() {
+    recorded();
+    let config = ServerConfig::default().inline_handlers(true);
+    let server = Server::bind("tcp://127.0.0.1:0", config, TimerServer::new(TimerImpl)).await.unwrap();
+    let client = Client::connect(&server.local_addr().to_string(), ClientConfig::default()).await.unwrap();
+    TimerClient::new(client).busy(30).await.unwrap();
+    let key = "rpc_server_call_duration_seconds{method=Timer.busy}";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    // Published when the server's driver has nothing more to do.
+    while samples(key) == 0 || server.stats().handlers_inline == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the server counted the call, run in its driver");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(largest(key) >= Duration::from_millis(30), "timed to its end: {:?}", largest(key));
+    server.shutdown().await;
 }
 
 #[tokio::test]

@@ -583,9 +583,13 @@ impl ClientDriver {
         // A call started adds a deadline, which the timer hears of (see `Timer`).
         match cmd {
             Command::Call { call_id, method, payload, metadata, started, deadline } => {
-                // This pass's reading: the time the call took to encode and to get here counts
-                // against its deadline.
-                let now = self.scratch.clock.now();
+                // A deadline is measured with this pass's reading of the clock: the time the call
+                // took to encode and to get here counts against it. A call without one needs no
+                // reading: it starts when it was made.
+                let now = match deadline {
+                    Some(_) => self.scratch.clock.now(),
+                    None => started,
+                };
                 let timeout = match deadline {
                     Some(deadline) => match deadline.checked_sub(now.saturating_duration_since(started)) {
                         Some(left) if !left.is_zero() => Some(left),
