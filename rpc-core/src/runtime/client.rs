@@ -586,20 +586,19 @@ impl ClientDriver {
                 // A deadline is measured with this pass's reading of the clock: the time the call
                 // took to encode and to get here counts against it. A call without one needs no
                 // reading: it starts when it was made.
-                let now = match deadline {
-                    Some(_) => self.scratch.clock.now(),
-                    None => started,
-                };
-                let timeout = match deadline {
-                    Some(deadline) => match deadline.checked_sub(now.saturating_duration_since(started)) {
-                        Some(left) if !left.is_zero() => Some(left),
-                        _ => {
-                            // Passed before it was sent: it is not sent.
-                            self.slots.complete(call_id, Err(CallError::DeadlineExceeded), now, true);
-                            return;
+                let (timeout, now) = match deadline {
+                    None => (None, started),
+                    Some(deadline) => {
+                        let now = self.scratch.clock.now();
+                        match deadline.checked_sub(now.saturating_duration_since(started)) {
+                            Some(left) if !left.is_zero() => (Some(left), now),
+                            _ => {
+                                // Passed before it was sent: it is not sent.
+                                self.slots.complete(call_id, Err(CallError::DeadlineExceeded), now, true);
+                                return;
+                            }
                         }
-                    },
-                    None => None,
+                    }
                 };
                 if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, now.into_std())
                 {

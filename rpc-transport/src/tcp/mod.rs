@@ -296,11 +296,12 @@ impl Connection for TcpConnection {
         // moved to a second list first: two moves of a 96-byte SEND each, about 30 instructions
         // a SEND).
         let TcpConnection { soft, out, direct_unpolled, info, .. } = self;
-        let checked = match sends.iter().position(|(_, msg)| check_size(info, msg).is_err()) {
-            Some(first_bad) => {
-                let err = check_size(info, &sends[first_bad].1);
-                sends.truncate(first_bad);
-                err
+        let first_bad =
+            sends.iter().enumerate().find_map(|(i, (_, msg))| check_size(info, msg).err().map(|e| (i, e)));
+        let checked = match first_bad {
+            Some((i, err)) => {
+                sends.truncate(i);
+                Err(err)
             }
             None => Ok(()),
         };
