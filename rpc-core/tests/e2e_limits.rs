@@ -44,6 +44,31 @@ over_all_transports! {
         eventually("no request waits", || s.server.resources().requests_waiting == 0).await;
     }
 
+    async fn requests_beyond_the_connections_share_start_in_arrival_order(kind: Kind) {
+        let server_cfg = ServerConfig::default().proto(common::proto()).max_handlers_per_connection(1);
+        let s = setup_with(kind, server_cfg, ClientConfig::default().proto(common::proto())).await;
+        let spawn = |millis| {
+            let c = s.client.clone();
+            tokio::spawn(async move { c.slow(millis).await })
+        };
+        let mut calls = vec![spawn(300)];
+        eventually("the first call runs", || s.server.resources().handlers_running == 1).await;
+        // Each request arrives (and waits) before the next is made: the order is known.
+        for (i, millis) in [5, 4, 3, 2, 1].into_iter().enumerate() {
+            calls.push(spawn(millis));
+            eventually("the request waits behind the others", || {
+                s.server.resources().requests_waiting == i + 1
+            })
+            .await;
+        }
+        // A request that comes while others wait (the slot free or not) goes behind them.
+        for (call, millis) in calls.into_iter().zip([300, 5, 4, 3, 2, 1]) {
+            assert_eq!(call.await.unwrap(), Ok(millis));
+        }
+        assert_eq!(*s.probe.slow_order.lock().unwrap(), [300, 5, 4, 3, 2, 1], "started in arrival order");
+        eventually("no request waits", || s.server.resources().requests_waiting == 0).await;
+    }
+
     async fn a_long_handler_of_unknown_size_does_not_stop_the_small_calls_of_its_connection(kind: Kind) {
         let s = setup_with(kind, ServerConfig::default().proto(common::proto()), ClientConfig::default().proto(common::proto())).await;
         // `echo` answered once: its answers are known to be small. `slow_echo` never was, and

@@ -479,15 +479,8 @@ impl ServerDriver {
     /// whether any started.
     fn start_handlers(&mut self, cx: &mut Context<'_>) -> bool {
         let mut started = false;
-        while !self.waiting.is_empty() && self.handlers.len() < self.max_handlers {
-            // The connection's budget is released by the client's done reports (frames, which
-            // wake this driver) and by finishing handlers.
-            let Some(next) = self.waiting.front() else { break };
-            let (call_id, estimate) = (next.call_id, self.estimates.estimate(next.method));
-            if !self.proto.try_start_handler(call_id, estimate) {
-                break;
-            }
-            let Some(permit) = self.take_slot(cx) else { break };
+        while let Some(next) = self.waiting.front() {
+            let Some(permit) = self.admit(next.call_id, next.method, cx) else { break };
             let Some(req) = self.waiting.pop_front() else { break };
             self.start_handler(req, permit);
             started = true;
@@ -498,6 +491,24 @@ impl ServerDriver {
             self.slot_wait = None;
         }
         started
+    }
+
+    /// The handler slot for the request `call_id` if its handler may start now: this
+    /// connection's share, its rendezvous budget (released by the client's done reports, frames
+    /// that wake this driver, and by finishing handlers) and a server-wide slot allow it.
+    fn admit(
+        &mut self,
+        call_id: u64,
+        method: MethodId,
+        cx: &mut Context<'_>,
+    ) -> Option<OwnedSemaphorePermit> {
+        if self.handlers.len() >= self.max_handlers {
+            return None;
+        }
+        if !self.proto.try_start_handler(call_id, self.estimates.estimate(method)) {
+            return None;
+        }
+        self.take_slot(cx)
     }
 
     /// A server-wide handler slot, at once or when this connection's turn comes.
@@ -649,20 +660,26 @@ impl ServerDriver {
         self.proto.respond(call_id, result);
     }
 
-    fn run_events(&mut self) {
+    /// Takes the state machine's events: a request's handler starts at once if none waits
+    /// before it and it may ([`ServerDriver::admit`]), else the request waits its turn. Returns
+    /// whether a handler started.
+    fn run_events(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut started = false;
         while let Some(event) = self.proto.poll_event() {
             match event {
                 ServerEvent::Request { call_id, method, payload, path, metadata, timeout } => {
                     let arrived = self.scratch.clock.now();
-                    self.waiting.push_back(Waiting {
-                        call_id,
-                        method,
-                        payload,
-                        path,
-                        metadata,
-                        arrived,
-                        timeout,
-                    });
+                    let req = Waiting { call_id, method, payload, path, metadata, arrived, timeout };
+                    // Not through the queue when it is empty (a move of the request in and
+                    // out of it).
+                    if self.waiting.is_empty() {
+                        if let Some(permit) = self.admit(call_id, method, cx) {
+                            self.start_handler(req, permit);
+                            started = true;
+                            continue;
+                        }
+                    }
+                    self.waiting.push_back(req);
                 }
                 ServerEvent::Cancel { call_id, reason } => {
                     if let Some(running) = self.handlers.remove(&call_id) {
@@ -679,6 +696,7 @@ impl ServerDriver {
                 }
             }
         }
+        started
     }
 
     fn poll_results(&mut self, cx: &mut Context<'_>) -> bool {
@@ -728,7 +746,7 @@ impl ServerDriver {
     fn poll_round(&mut self, cx: &mut Context<'_>, last: bool) -> Result<bool, Fatal> {
         let mut progressed =
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
-        self.run_events();
+        progressed |= self.run_events(cx);
         // Results come only from spawned handlers (a spawned handler's entry stays until its
         // result is taken or it is cancelled; a cancelled one's late result waits in the
         // channel, at most one per handler, until the next look, which tells it apart by its
@@ -740,7 +758,7 @@ impl ServerDriver {
             progressed |=
                 driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
             // Expired deadlines are events too.
-            self.run_events();
+            progressed |= self.run_events(cx);
         }
         progressed |= self.start_handlers(cx);
         progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;

@@ -46,6 +46,8 @@ pub struct Probe {
     pub slow_started: AtomicUsize,
     pub slow_finished: AtomicUsize,
     pub slow_dropped: AtomicUsize,
+    /// The argument of every `slow` call, in the order their handlers started.
+    pub slow_order: std::sync::Mutex<Vec<u64>>,
     pub calls: AtomicU64,
     /// `size` calls whose argument lay in the connection's pool (decoded without a copy).
     pub args_in_pool: AtomicUsize,
@@ -80,6 +82,7 @@ impl Echo for EchoImpl {
     }
     async fn slow(&self, millis: u64) -> u64 {
         self.0.slow_started.fetch_add(1, Ordering::SeqCst);
+        self.0.slow_order.lock().unwrap().push(millis);
         let mut flag = DropFlag(self.0.clone(), false);
         tokio::time::sleep(Duration::from_millis(millis)).await;
         flag.1 = true;

@@ -308,8 +308,8 @@ impl Outbox {
         mut record: impl FnMut(&T) -> Option<OpId>,
     ) {
         let state = self.inner.lock();
-        let fits = frames.len() <= DIRECT_BATCH
-            && frames.iter().map(|(_, msg)| msg.len()).sum::<usize>() <= DIRECT_MAX;
+        let payload = frames.iter().map(|(_, msg)| msg.len()).sum::<usize>();
+        let fits = frames.len() <= DIRECT_BATCH && payload <= DIRECT_MAX;
         let written = match &self.inner.stream {
             Some(stream) if !state.busy && fits => {
                 count(&self.inner.direct_writes);
@@ -318,6 +318,9 @@ impl Outbox {
             }
             _ => 0,
         };
+        if written == payload + frames.len() * (1 + wire::SEND_HEADER) {
+            return; // all of them, whole
+        }
         // The frames written whole, and how much of the next one went out.
         let (mut whole, mut left) = (0, written);
         for (_, msg) in frames.iter() {
