@@ -268,20 +268,22 @@ impl Outbox {
     /// meanwhile) drops the frame.
     pub(crate) fn send_now(&self, msg: SendBuf, record: impl FnOnce() -> Option<OpId>) -> Direct {
         let state = self.inner.lock();
+        // Measured once (a `SendBuf`'s length is a `match`).
+        let len = msg.len();
         let stream = match &self.inner.stream {
-            Some(s) if !state.busy && msg.len() <= DIRECT_MAX => s,
+            Some(s) if !state.busy && len <= DIRECT_MAX => s,
             _ => {
                 enqueue(state, record().map(|op| Outgoing::Send { op, msg }));
                 return Direct::Queued;
             }
         };
-        let total = 1 + wire::SEND_HEADER + msg.len();
+        let total = 1 + wire::SEND_HEADER + len;
         count(&self.inner.direct_writes);
         // Would block, or failed: the writer takes it all (and meets the error, if any).
         let written = if total <= SMALL_FRAME {
             // A small call's frame: assembled on the stack, one plain write.
             let mut frame = [0; SMALL_FRAME];
-            frame[..1 + wire::SEND_HEADER].copy_from_slice(&wire::encode_send(msg.len() as u32));
+            frame[..1 + wire::SEND_HEADER].copy_from_slice(&wire::encode_send(len as u32));
             msg.copy_to_slice(&mut frame[1 + wire::SEND_HEADER..total]);
             stream.try_write(&frame[..total]).unwrap_or(0)
         } else {
