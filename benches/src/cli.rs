@@ -180,6 +180,10 @@ pub struct CompareArgs {
     /// Do not pin either side.
     #[arg(long)]
     pub unpinned: bool,
+    /// tokio worker threads in each process (the client and every server); 1 = current-thread
+    /// runtime, the reference setup. More is what a service on `#[tokio::main]` runs.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// Runs of every measurement; the table shows medians, and each ratio is the median of the
     /// runs' ratios (each run measures the systems seconds apart) with their range.
     #[arg(long, default_value_t = 5)]
@@ -251,7 +255,7 @@ impl Cli {
             Cmd::Server(a) => (a.cpu.map_or(Affinity::Unpin, Affinity::Pin), a.threads, a.busy_poll_us),
             Cmd::Run(a) => (client(a.placement.client_cpu), a.placement.threads, a.placement.busy_poll_us),
             Cmd::Sweep(a) => (client(a.placement.client_cpu), a.placement.threads, a.placement.busy_poll_us),
-            Cmd::Compare(a) => (client((!a.unpinned).then_some(a.client_cpu)), 1, None),
+            Cmd::Compare(a) => (client((!a.unpinned).then_some(a.client_cpu)), a.threads, None),
             Cmd::Smoke(_) | Cmd::Doctor(_) | Cmd::Counts(_) => (Affinity::Inherit, 1, None),
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{pattern, setup, EchoClient, Kind, LIMIT, THRESHOLD};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig, WireErrorCode};
-use rpc_transport::{mem, ReadError};
+use rpc_transport::{mem, ReadError, TransportError};
 
 fn name(addr: &str) -> &str {
     addr.strip_prefix("mem://").expect("mem address")
@@ -93,6 +93,16 @@ async fn failed_send_fails_the_connection_cleanly() {
     // A lone call: it is started, and its SEND posted, in the caller's own task.
     let r = bounded(s.client.echo(Bytes::from_static(b"lost"))).await;
     assert!(matches!(r, Err(CallError::Disconnected(_))), "{r:?}");
+    // The SEND's own error is the cause, typed: a transport failure, not a protocol violation.
+    let err = r.unwrap_err();
+    let mut cause = std::error::Error::source(&err);
+    let mut transport = None;
+    while let Some(e) = cause {
+        transport = transport.or_else(|| e.downcast_ref::<TransportError>());
+        cause = e.source();
+    }
+    assert!(matches!(transport, Some(TransportError::Injected(_))), "{err:?}");
+    assert!(!err.to_string().contains("protocol violation"), "{err}");
     let r = bounded(s.client.echo(Bytes::new())).await;
     assert!(matches!(r, Err(CallError::Disconnected(_))), "later calls fail at once: {r:?}");
     assert!(bounded(s.client.client().stats()).await.is_err(), "the driver task has ended");

@@ -235,7 +235,7 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
     let placement = Placement {
         client_cpu: (!a.unpinned).then_some(a.client_cpu),
         server_cpu: (!a.unpinned).then_some(a.server_cpu),
-        threads: 1,
+        threads: a.threads.max(1),
         busy_poll_us: None,
     };
     let env = Environment::capture(&placement, &a.proto, "child process");
@@ -247,7 +247,7 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
             listen: "tcp://127.0.0.1:0".into(),
             settings: a.proto,
             cpu: placement.server_cpu,
-            threads: 1,
+            threads: placement.threads,
         };
         servers.push(ServerProcess::spawn(&cmd)?);
     }

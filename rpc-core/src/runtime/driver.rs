@@ -269,9 +269,7 @@ pub(crate) fn poll_completions<P: ProtoEnd>(
                     return Err(Fatal::Protocol(e));
                 }
             }
-            Completion::Send { wr_id, result } => {
-                proto.handle_send(wr_id, result.map_err(|e| e.to_string())).map_err(Fatal::Protocol)?;
-            }
+            Completion::Send { wr_id, result } => send_completed(proto, wr_id, result)?,
             Completion::Read { wr_id, result } => proto.handle_read(wr_id, result.map(Buf::freeze)),
             other => tracing::warn!(?other, "unknown completion kind ignored"),
         }
@@ -420,9 +418,26 @@ fn post_sends<P: ProtoEnd>(
     sent: &mut Vec<(WrId, Result<(), TransportError>)>,
 ) -> Result<(), Fatal> {
     conn.post_send_batch_reporting(sends, sent).map_err(Fatal::Transport)?;
-    rpc_transport::take_each(sent, |(wr_id, result)| {
-        proto.handle_send(wr_id, result.map_err(|e| e.to_string())).map_err(Fatal::Protocol)
-    })
+    rpc_transport::take_each(sent, |(wr_id, result)| send_completed(proto, wr_id, result))
+}
+
+/// Hands the state machine a SEND's completion. A SEND that failed is the transport's failure
+/// (the peer went away, the device reported an error), not a protocol violation by the peer:
+/// the connection ends with the transport's error, kept as it is (and logged as a transport
+/// error: a peer that closes with a SEND of ours in flight is no warning).
+fn send_completed<P: ProtoEnd>(
+    proto: &mut P,
+    wr_id: WrId,
+    result: Result<(), TransportError>,
+) -> Result<(), Fatal> {
+    match result {
+        Ok(()) => proto.handle_send(wr_id, Ok(())).map_err(Fatal::Protocol),
+        Err(e) => {
+            // The state machine counts the SEND as done (and would end the connection too).
+            let _ = proto.handle_send(wr_id, Err(e.to_string()));
+            Err(Fatal::Transport(e))
+        }
+    }
 }
 
 /// After the connection closed: carries out the revocations the state machine still asks for
