@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{setup_with, Kind};
+use common::{chain, setup_with, Kind};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig, ConnectError, Server, ServerConfig};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -135,17 +135,6 @@ async fn connect_error_names_its_cause_and_keeps_it_as_source() {
     let shown = err.to_string();
     assert!(shown.starts_with(&format!("connect to 127.0.0.1:{port} failed: ")), "{shown}");
     assert!(shown.ends_with(&io.to_string()), "{shown}");
-}
-
-/// The errors below `err`, in order (each `source()` of the one before).
-fn chain<'a>(err: &'a (dyn std::error::Error + 'static)) -> Vec<&'a (dyn std::error::Error + 'static)> {
-    let mut out = Vec::new();
-    let mut next = err.source();
-    while let Some(e) = next {
-        out.push(e);
-        next = e.source();
-    }
-    out
 }
 
 /// A one-connection tcp proxy whose client side can be reset (RST, not FIN) on demand.

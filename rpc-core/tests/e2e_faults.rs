@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{pattern, setup, EchoClient, Kind, LIMIT, THRESHOLD};
+use common::{chain, pattern, setup, EchoClient, Kind, LIMIT, THRESHOLD};
 use rpc_core::{CallError, CallOptions, Client, ClientConfig, WireErrorCode};
 use rpc_transport::{mem, ReadError, TransportError};
 
@@ -95,12 +95,7 @@ async fn failed_send_fails_the_connection_cleanly() {
     assert!(matches!(r, Err(CallError::Disconnected(_))), "{r:?}");
     // The SEND's own error is the cause, typed: a transport failure, not a protocol violation.
     let err = r.unwrap_err();
-    let mut cause = std::error::Error::source(&err);
-    let mut transport = None;
-    while let Some(e) = cause {
-        transport = transport.or_else(|| e.downcast_ref::<TransportError>());
-        cause = e.source();
-    }
+    let transport = chain(&err).into_iter().find_map(|e| e.downcast_ref::<TransportError>());
     assert!(matches!(transport, Some(TransportError::Injected(_))), "{err:?}");
     assert!(!err.to_string().contains("protocol violation"), "{err}");
     let r = bounded(s.client.echo(Bytes::new())).await;

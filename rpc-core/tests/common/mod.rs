@@ -95,6 +95,17 @@ impl Echo for EchoImpl {
     }
 }
 
+/// The errors below `err`, in order (each `source()` of the one before).
+pub fn chain<'a>(err: &'a (dyn std::error::Error + 'static)) -> Vec<&'a (dyn std::error::Error + 'static)> {
+    let mut out = Vec::new();
+    let mut next = err.source();
+    while let Some(e) = next {
+        out.push(e);
+        next = e.source();
+    }
+    out
+}
+
 pub fn pattern(len: usize, seed: u8) -> Bytes {
     Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect::<Vec<u8>>())
 }
