@@ -58,12 +58,13 @@
 //! sees the pool closed it empties its free list itself, so no block stays idle in a closed
 //! pool whichever comes first.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -309,7 +310,7 @@ struct Shared {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock()
 }
 
 impl Shared {

@@ -17,7 +17,8 @@
 //! connection's budget (and, after the done timeout, loses the connection) but cannot starve the
 //! READs of other connections.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::Waker;
 
 /// A budget shared by every connection of one endpoint (a server's `max_rendezvous_bytes`).
@@ -44,7 +45,7 @@ impl SharedBudget {
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// The limit in bytes.

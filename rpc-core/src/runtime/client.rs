@@ -1,10 +1,11 @@
 //! The client: a cloneable handle to one connection, driven by its own task; optionally
 //! reconnecting (with backoff) when the connection is lost.
 
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -173,11 +174,7 @@ struct Engine {
 impl Engine {
     /// The state if no other task holds it now.
     fn try_state(&self) -> Option<MutexGuard<'_, ClientDriver>> {
-        match self.state.try_lock() {
-            Ok(state) => Some(state),
-            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
+        self.state.try_lock()
     }
 
     /// The state for a pass if no other task holds it; `None` (and the holder, at its release,
@@ -204,7 +201,7 @@ impl Future for DriverTask {
             return Poll::Pending;
         }
         // A caller's pass holds the lock for one pass at most, never across an await.
-        let mut state = engine.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = engine.state.lock();
         let ended = state.pass(&mut Context::from_waker(&engine.waker));
         drop(state);
         if ended.is_ready() {
@@ -298,9 +295,7 @@ impl Client {
     fn conn(&self) -> ConnRef<'_> {
         match &self.shared.slot {
             Slot::Fixed(conn) => ConnRef::Fixed(conn),
-            Slot::Reconnecting(current) => {
-                ConnRef::Current(current.read().unwrap_or_else(|e| e.into_inner()).clone())
-            }
+            Slot::Reconnecting(current) => ConnRef::Current(current.read().clone()),
         }
     }
 
@@ -492,7 +487,7 @@ async fn reconnect(
                 _ = &mut stop => return,
                 opened = open(&addr, &config) => match opened {
                     Ok((conn, next_done, _)) => {
-                        *current.write().unwrap_or_else(|e| e.into_inner()) = conn;
+                        *current.write() = conn;
                         done = next_done;
                         tracing::info!("reconnected");
                         break;

@@ -20,9 +20,10 @@
 //! an alarm armed for a time that has passed by the system clock completes at once, so a timer
 //! never waits longer than its deadline by the system clock, paused clock or not.
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::Instant;
 
@@ -50,7 +51,7 @@ struct Waiting {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 }
 
@@ -96,16 +97,12 @@ fn run(shared: &'static Shared) {
             continue;
         }
         let next = state.queue.keys().next().map(|&(at, _)| at);
-        state = match next {
+        match next {
             Some(at) => {
-                shared
-                    .earlier
-                    .wait_timeout(state, at.saturating_duration_since(now))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0
+                shared.earlier.wait_for(&mut state, at.saturating_duration_since(now));
             }
-            None => shared.earlier.wait(state).unwrap_or_else(|e| e.into_inner()),
-        };
+            None => shared.earlier.wait(&mut state),
+        }
     }
 }
 

@@ -18,7 +18,8 @@
 //! - `missed` says a task was woken but could not run a pass, because another held the
 //!   connection: whoever releases the connection next looks at it and wakes the route again.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Wake, Waker};
 
 #[derive(Default)]
@@ -63,7 +64,7 @@ impl std::fmt::Debug for Route {
 
 impl Route {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// The waker to poll the connection with.

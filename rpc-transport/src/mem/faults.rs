@@ -1,7 +1,8 @@
 //! Fault injection for the in-process fabric.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::soft::{Death, Soft};
@@ -134,8 +135,8 @@ impl FaultPlan {
         links.push((Arc::downgrade(a), Arc::downgrade(b)));
     }
 
-    fn lock_links(&self) -> std::sync::MutexGuard<'_, Vec<(Weak<Soft>, Weak<Soft>)>> {
-        self.links.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock_links(&self) -> MutexGuard<'_, Vec<(Weak<Soft>, Weak<Soft>)>> {
+        self.links.lock()
     }
 }
 

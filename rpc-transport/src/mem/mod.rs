@@ -34,10 +34,11 @@ mod conn;
 mod delay;
 mod faults;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::mpsc;
 
@@ -69,7 +70,7 @@ struct ListenerSlot {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    m.lock()
 }
 
 /// The fault plan of listener `name` on the process-wide fabric ([`MemFabric::global`]).

@@ -5,12 +5,13 @@
 //! listener's channel (sideway does not wrap `rdma_migrate_id`), so the task lives as long as any
 //! identifier of its channel: it stops when the last owner is gone.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::poll_fn;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::task::AtomicWaker;
@@ -75,7 +76,7 @@ impl fmt::Debug for CmSink {
 impl CmSink {
     fn push(&self, ev: CmEvent) {
         {
-            let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let mut queue = self.queue.lock();
             queue.push_back(ev);
             self.queued.store(queue.len(), Ordering::Release);
         }
@@ -85,7 +86,7 @@ impl CmSink {
     /// The next event, registering the task's waker when there is none.
     pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<CmEvent> {
         self.waker.register(cx.waker());
-        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut queue = self.queue.lock();
         let ev = queue.pop_front();
         self.queued.store(queue.len(), Ordering::Release);
         match ev {

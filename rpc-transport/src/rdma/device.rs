@@ -1,8 +1,9 @@
 //! Device checks done before and during setup, and the async-event logger of each device.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList, TransportType};
 use sideway::ibverbs::device_context::{DeviceContext, LinkLayer};
@@ -111,8 +112,8 @@ impl AsRawFd for AsyncEvents {
 
 static WATCHED: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
 
-fn watched() -> std::sync::MutexGuard<'static, HashSet<usize>> {
-    WATCHED.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+fn watched() -> MutexGuard<'static, HashSet<usize>> {
+    WATCHED.get_or_init(Default::default).lock()
 }
 
 /// Forgets a watched context when its task ends (e.g. with its runtime), so a later one watches again.

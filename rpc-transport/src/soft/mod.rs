@@ -12,9 +12,10 @@ mod pending;
 mod regions;
 mod state;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -163,9 +164,9 @@ impl Soft {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the state half-updated in a way that
-        // matters more than losing the connection; keep going rather than propagate the panic.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        // The lock does not poison: a panic while holding it cannot leave the state half-updated
+        // in a way that matters more than losing the connection, so the next holder goes on.
+        self.state.lock()
     }
 
     /// Runs `f` on the state, then wakes the completion poller (outside the lock) if `f`

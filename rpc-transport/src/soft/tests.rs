@@ -215,7 +215,7 @@ fn a_poll_that_found_nothing_is_repeated_without_the_lock_until_something_comes(
     assert!(soft.poll_completions(&mut Context::from_waker(&wa), &mut out, 8).is_pending());
     // The same waker again, with the state locked elsewhere: answered without the lock.
     let (tx, rx) = std::sync::mpsc::channel();
-    let guard = soft.state.lock().unwrap();
+    let guard = soft.state.lock();
     std::thread::scope(|s| {
         let (soft, wa) = (&soft, wa.clone());
         s.spawn(move || {

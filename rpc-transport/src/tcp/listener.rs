@@ -9,9 +9,10 @@
 //! every pending connection is past its hello, further clients wait in the kernel's listen
 //! backlog, costing us nothing.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -114,8 +115,8 @@ async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sende
     }
 }
 
-fn lock(a: &AwaitingHello) -> std::sync::MutexGuard<'_, VecDeque<(u64, AbortHandle)>> {
-    a.lock().unwrap_or_else(|e| e.into_inner())
+fn lock(a: &AwaitingHello) -> parking_lot::MutexGuard<'_, VecDeque<(u64, AbortHandle)>> {
+    a.lock()
 }
 
 /// Drops the oldest handshake still waiting for its hello (its permit is released as its task

@@ -13,11 +13,12 @@
 //! deque under that lock, taken a batch at a time (a tokio channel cost a few hundred
 //! instructions per frame and allocated a block per 32 frames).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -181,7 +182,7 @@ pub(crate) enum Direct {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 }
 

@@ -31,9 +31,10 @@
 //! of pushes reuses the same memory. The owner side holds nothing more than its registered
 //! regions (a push shares the region's `Bytes`).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::{Buf, RKey, RegionDesc};
 
@@ -157,7 +158,7 @@ impl Push {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update below leaves the state consistent before anything can panic.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock()
     }
 
     /// The connection died: drops every pushed byte and pushes nothing more.
