@@ -58,7 +58,7 @@
 //! sees the pool closed it empties its free list itself, so no block stays idle in a closed
 //! pool whichever comes first.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
@@ -249,7 +249,7 @@ impl FreeList {
     #[cold]
     #[inline(never)]
     fn pop_overflow(&self) -> Option<Block> {
-        let mut overflow = lock(&self.overflow);
+        let mut overflow = self.overflow.lock();
         let block = overflow.pop();
         self.overflowed.store(overflow.len(), Ordering::Relaxed);
         block
@@ -265,7 +265,7 @@ impl FreeList {
     #[cold]
     #[inline(never)]
     fn push_overflow(&self, block: Block) {
-        let mut overflow = lock(&self.overflow);
+        let mut overflow = self.overflow.lock();
         overflow.push(block);
         self.overflowed.store(overflow.len(), Ordering::Relaxed);
     }
@@ -273,7 +273,7 @@ impl FreeList {
     /// Takes every idle block (the caller drops them outside any lock: dropping a chunk's last
     /// block updates the chunk map).
     fn take_all(&self) -> Vec<Block> {
-        let mut taken = std::mem::take(&mut *lock(&self.overflow));
+        let mut taken = std::mem::take(&mut *self.overflow.lock());
         self.overflowed.store(0, Ordering::Relaxed);
         while let Some(block) = self.queue.pop() {
             taken.push(block);
@@ -309,10 +309,6 @@ struct Shared {
     counters: AtomicCounters,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock()
-}
-
 impl Shared {
     #[inline]
     fn free_list(&self, class: usize) -> &FreeList {
@@ -333,7 +329,7 @@ impl Shared {
 
     /// Adds or removes a chunk of the address map and publishes the new map.
     fn update_chunks(&self, f: impl FnOnce(&mut Vec<ChunkEntry>)) {
-        let mut chunks = lock(&self.chunks);
+        let mut chunks = self.chunks.lock();
         f(&mut chunks);
         self.snapshot.store(Arc::new(chunks.clone()));
     }

@@ -882,37 +882,33 @@ impl StatsBoard {
     fn slot(self: &Arc<Self>) -> StatsSlot {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let stats = Arc::new(Mutex::new(ConnStats::default()));
-        lock(&self.open).insert(id, stats.clone());
+        self.open.lock().insert(id, stats.clone());
         StatsSlot { id, stats, board: self.clone() }
     }
 
     fn total(&self) -> ConnStats {
-        let open = lock(&self.open);
-        let closed = *lock(&self.closed);
-        open.values().fold(closed, |acc, s| acc.sum(&lock(s)))
+        let open = self.open.lock();
+        let closed = *self.closed.lock();
+        open.values().fold(closed, |acc, s| acc.sum(&s.lock()))
     }
 }
 
 impl StatsSlot {
     fn publish(&self, stats: ConnStats) {
-        *lock(&self.stats) = stats;
+        *self.stats.lock() = stats;
     }
 }
 
 impl Drop for StatsSlot {
     fn drop(&mut self) {
-        lock(&self.board.open).remove(&self.id);
-        let mut last = *lock(&self.stats);
+        self.board.open.lock().remove(&self.id);
+        let mut last = *self.stats.lock();
         // Nothing is in progress or held on a closed connection.
         last.calls_in_flight = 0;
         last.proto.rendezvous_bytes_held = 0;
-        let mut closed = lock(&self.board.closed);
+        let mut closed = self.board.closed.lock();
         *closed = closed.sum(&last);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
-    m.lock()
 }
 
 impl ServerDriver {

@@ -34,7 +34,7 @@ mod conn;
 mod delay;
 mod faults;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,10 +69,6 @@ struct ListenerSlot {
     incoming: mpsc::Sender<Box<dyn Connection>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock()
-}
-
 /// The fault plan of listener `name` on the process-wide fabric ([`MemFabric::global`]).
 pub fn faults(name: &str) -> Arc<FaultPlan> {
     MemFabric::global().faults(name)
@@ -93,14 +89,14 @@ impl MemFabric {
     /// The fault plan shared by every connection made through listener `name` (created on
     /// first use; it exists before and after any listener of that name).
     pub fn faults(&self, name: &str) -> Arc<FaultPlan> {
-        lock(&self.inner.faults).entry(name.to_string()).or_default().clone()
+        self.inner.faults.lock().entry(name.to_string()).or_default().clone()
     }
 
     /// Binds `name`. Fails if another live listener holds it; the name is free again once the
     /// returned listener is dropped.
     pub fn listen(&self, name: &str, params: ConnParams) -> Result<Box<dyn Listener>, TransportError> {
         validate_params(&params)?;
-        let mut listeners = lock(&self.inner.listeners);
+        let mut listeners = self.inner.listeners.lock();
         if listeners.contains_key(name) {
             return Err(TransportError::Listen {
                 addr: format!("mem://{name}"),
@@ -131,7 +127,7 @@ impl MemFabric {
             source: io::Error::new(io::ErrorKind::ConnectionRefused, why.to_string()),
         };
         let (server_params, incoming) = {
-            let listeners = lock(&self.inner.listeners);
+            let listeners = self.inner.listeners.lock();
             let slot = listeners.get(name).ok_or_else(|| refused("no mem listener of that name"))?;
             (slot.params.clone(), slot.incoming.clone())
         };
@@ -182,7 +178,7 @@ impl Listener for MemListener {
 
 impl Drop for MemListener {
     fn drop(&mut self) {
-        let mut listeners = lock(&self.fabric.listeners);
+        let mut listeners = self.fabric.listeners.lock();
         if listeners.get(&self.name).is_some_and(|slot| slot.id == self.id) {
             listeners.remove(&self.name);
         }

@@ -76,7 +76,7 @@ async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sende
     let mut next_id = 0u64;
     loop {
         let mut permit = handshakes.clone().try_acquire_owned().ok();
-        if permit.is_none() && lock(&awaiting).is_empty() {
+        if permit.is_none() && awaiting.lock().is_empty() {
             // Every pending connection is past its hello: let new clients wait in the backlog.
             let Ok(p) = handshakes.clone().acquire_owned().await else { return };
             permit = Some(p);
@@ -103,7 +103,7 @@ async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sende
                     (id, awaiting.clone()),
                 );
                 let handle = tokio::spawn(task).abort_handle();
-                lock(&awaiting).push_back((id, handle));
+                awaiting.lock().push_back((id, handle));
             }
             Err(e) => {
                 drop(permit);
@@ -115,14 +115,10 @@ async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sende
     }
 }
 
-fn lock(a: &AwaitingHello) -> parking_lot::MutexGuard<'_, VecDeque<(u64, AbortHandle)>> {
-    a.lock()
-}
-
 /// Drops the oldest handshake still waiting for its hello (its permit is released as its task
 /// is dropped).
 fn evict_oldest(awaiting: &AwaitingHello) {
-    let mut q = lock(awaiting);
+    let mut q = awaiting.lock();
     while let Some((_, handle)) = q.pop_front() {
         if !handle.is_finished() {
             tracing::debug!("all handshake slots taken: dropping the oldest peer still silent");
@@ -143,7 +139,7 @@ async fn handshake_one(
 ) {
     let setup = accept_stream(stream, &params, peer, push_pool).await;
     // Past the hello (or failed): no longer a candidate for eviction.
-    lock(&awaiting).retain(|(i, _)| *i != id);
+    awaiting.lock().retain(|(i, _)| *i != id);
     match setup {
         Ok(conn) => {
             if ready.send(Box::new(conn)).await.is_err() {
