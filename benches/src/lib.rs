@@ -7,6 +7,7 @@
 //!   (rpc-core, tarpc, raw TCP), their servers in [`peers`].
 //! * [`load`]: the closed-loop load generator (connections × tasks × outstanding calls) with
 //!   HDR histograms.
+//! * [`cpu`]: CPU time per call of the client's and the server's process.
 //! * [`report`], [`plot`]: the table, JSON, CSV and PNG plots.
 //! * [`env`](mod@env): the environment recorded with results, CPU pinning and the tokio runtime.
 //! * [`server_proc`]: the server as a child process of the same binary.
@@ -15,6 +16,7 @@
 pub mod cli;
 pub mod commands;
 pub mod counters;
+pub mod cpu;
 pub mod env;
 mod error;
 pub mod load;

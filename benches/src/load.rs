@@ -12,6 +12,7 @@ use rpc_core::{CallInfo, Path};
 use serde::Serialize;
 
 use crate::counters::Counters;
+use crate::cpu::{CpuPerCall, CpuProbe};
 use crate::target::{ProtoSettings, Target};
 use crate::workload::Workload;
 use crate::BenchError;
@@ -106,6 +107,8 @@ pub struct Measured {
     pub paths: PathTally,
     /// rpc-core client counters over the point's connections (warm-up included).
     pub counters: Option<Counters>,
+    /// CPU time per call of the measured phase (not the warm-up).
+    pub cpu: Option<CpuPerCall>,
 }
 
 impl Measured {
@@ -132,11 +135,13 @@ pub struct PointSpec {
     pub budget: Budget,
 }
 
-/// Connects, warms up, measures one point, and closes its connections.
+/// Connects, warms up, measures one point, and closes its connections. `server_pid`: the
+/// server's child process, whose CPU time per call is measured with this one's.
 pub async fn measure<T: Target>(
     addr: &str,
     settings: &ProtoSettings,
     spec: &PointSpec,
+    server_pid: Option<u32>,
 ) -> Result<Measured, BenchError> {
     let mut targets = Vec::with_capacity(spec.concurrency.connections);
     for _ in 0..spec.concurrency.connections.max(1) {
@@ -144,7 +149,9 @@ pub async fn measure<T: Target>(
     }
     let prepared = Arc::new(targets[0].prepare(spec.workload, spec.size)?);
     run_phase(&targets, &prepared, spec.concurrency, spec.warmup).await?;
+    let cpu = CpuProbe::start(server_pid);
     let mut measured = run_phase(&targets, &prepared, spec.concurrency, spec.budget).await?;
+    measured.cpu = cpu.per_call(measured.calls);
     for t in &targets {
         if let Some(c) = t.counters().await {
             measured.counters.get_or_insert_with(Counters::default).add(&c);
@@ -202,6 +209,7 @@ async fn run_phase<T: Target>(
         elapsed: Duration::ZERO,
         paths: PathTally::default(),
         counters: None,
+        cpu: None,
     };
     let mut first_error = None;
     for task in tasks {
@@ -261,6 +269,7 @@ async fn drive<T: Target>(
         elapsed: Duration::ZERO,
         paths: PathTally::default(),
         counters: None,
+        cpu: None,
     };
     let (t, p, g) = (&target, &*prepared, &gate);
     if outstanding <= 1 {

@@ -7,6 +7,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::counters::Counters;
+use crate::cpu::CpuPerCall;
 use crate::env::Environment;
 use crate::load::{Concurrency, Measured, PathTally, PointSpec};
 use crate::target::System;
@@ -90,6 +91,8 @@ pub struct Point {
     pub paths: PathTally,
     /// rpc-core client counters of this point's connections.
     pub counters: Option<Counters>,
+    /// CPU time per call of the client's process and the server's (see [`crate::cpu`]).
+    pub cpu_us_per_call: Option<CpuPerCall>,
     /// Latency CDF (`[us, fraction]`).
     pub cdf: Vec<[f64; 2]>,
 }
@@ -115,6 +118,7 @@ impl Point {
             latency_us: Latency::of(&m.histogram),
             paths: m.paths,
             counters: m.counters,
+            cpu_us_per_call: m.cpu,
             cdf: cdf(&m.histogram),
         }
     }
@@ -157,7 +161,7 @@ pub struct Report {
 /// The table header line.
 pub fn table_header() -> String {
     format!(
-        "{:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>12} {:>8}  {}",
+        "{:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>12} {:>8}  {:<5} {:>15}",
         "#bytes",
         "#calls",
         "p50[us]",
@@ -167,7 +171,8 @@ pub fn table_header() -> String {
         "max[us]",
         "calls/s",
         "GB/s",
-        "path"
+        "path",
+        "cpu/call c/s[us]"
     )
 }
 
@@ -175,7 +180,7 @@ pub fn table_header() -> String {
 pub fn table_row(p: &Point) -> String {
     let l = &p.latency_us;
     format!(
-        "{:>8} {:>9} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>12.0} {:>8.3}  {}",
+        "{:>8} {:>9} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>12.0} {:>8.3}  {:<5} {:>15}",
         format_size(p.size),
         p.calls,
         l.p50,
@@ -185,8 +190,21 @@ pub fn table_row(p: &Point) -> String {
         l.max,
         p.calls_per_sec,
         p.gb_per_sec,
-        p.paths.label()
+        p.paths.label(),
+        cpu_cell(p.cpu_us_per_call)
     )
+}
+
+/// `client/server` CPU time per call in microseconds; `-` for a figure not measured (a server
+/// in-process counts in the client's).
+fn cpu_cell(cpu: Option<CpuPerCall>) -> String {
+    match cpu {
+        None => "-".into(),
+        Some(c) => match c.server_us {
+            Some(s) => format!("{:.2}/{s:.2}", c.client_us),
+            None => format!("{:.2}/-", c.client_us),
+        },
+    }
 }
 
 /// The title of a group of rows that share everything but the size.
@@ -261,6 +279,10 @@ struct CsvRow<'a> {
     max_us: f64,
     mean_us: f64,
     path: &'static str,
+    /// CPU time per call of the client's process (empty: not measured).
+    client_cpu_us: Option<f64>,
+    /// CPU time per call of the server's process (empty: not measured, or in-process).
+    server_cpu_us: Option<f64>,
 }
 
 /// Writes `report.json`, `report.csv` (and returns their paths) under `dir` with `prefix`.
@@ -294,6 +316,8 @@ pub fn write_files(dir: &Path, prefix: &str, report: &Report) -> Result<Vec<Path
             max_us: l.max,
             mean_us: l.mean,
             path: p.paths.label(),
+            client_cpu_us: p.cpu_us_per_call.map(|c| c.client_us),
+            server_cpu_us: p.cpu_us_per_call.and_then(|c| c.server_us),
         };
         w.serialize(row).map_err(|e| BenchError::output(&csv, e))?;
     }

@@ -435,6 +435,32 @@ instructions_line() {
     fi
 }
 
+# cpu_line DEV CSV MODE: the CPU time per call of the client's and the server's process (user and
+# kernel, rpc-bench's cpu columns) of the 32 B echo, their sum's median over the rounds and each
+# round's. Event-driven it is what a call costs the VM's CPUs (about the round trip when both
+# processes share a vCPU); busy-polling it includes the spinning (about one CPU per process).
+cpu_line() {
+    local dev="$1" csv="$2" mode="$3" round bench c s sums=() mid per
+    for ((round = 1; round <= ROUNDS; round++)); do
+        bench="$(round_dir "$dev" "$round")/bench"
+        c="$(csv_field "$bench/$csv" client_cpu_us echo 32)"
+        s="$(csv_field "$bench/$csv" server_cpu_us echo 32)"
+        if [[ -n "$c" && -n "$s" ]]; then
+            sums+=("$(awk -v c="$c" -v s="$s" 'BEGIN { printf "%.1f", c + s }')")
+        else
+            sums+=(-)
+        fi
+    done
+    mid="$(median "${sums[@]}")"
+    per="$(printf '%s ' "${sums[@]}")"
+    if [[ -z "$mid" ]]; then
+        printf '    %-36s %14s\n' "echo 32 B CPU/call c+s ($mode)" missing
+    else
+        printf '    %-36s %8.1f %-5s  %-44s %s\n' "echo 32 B CPU/call c+s ($mode)" "$mid" us \
+            "client + server process" "(${per% })"
+    fi
+}
+
 bench_table() {
     local dev="$1" round bench p50 lat ref gbps mibps key tool csv mode run w sz label
     local ours refs ratios
@@ -458,6 +484,7 @@ bench_table() {
             ratios+=("$(ratio_of "${p50:--}" "${ref:--}")")
         done
         point_line "echo 32 B p50 RTT ($mode)" us "${ours[@]}" -- "2 x $tool t_typical [us]" "${refs[@]}" -- "${ratios[@]}"
+        cpu_line "$dev" "$csv" "$mode"
     done
     for run in download upload download-pipelined upload-pipelined; do
         w="${run%-pipelined}"

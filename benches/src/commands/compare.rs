@@ -30,16 +30,16 @@ struct Metric {
     name: &'static str,
     size: usize,
     outstanding: usize,
-    pick: fn(&Point) -> f64,
+    pick: fn(&Point) -> Option<f64>,
     lower_is_better: bool,
 }
 
-const METRICS: [Metric; 5] = [
+const METRICS: [Metric; 7] = [
     Metric {
         name: "32 B echo p50 [us]",
         size: 32,
         outstanding: 1,
-        pick: |p| p.latency_us.p50,
+        pick: |p| Some(p.latency_us.p50),
         lower_is_better: true,
     },
     // The same calls' fastest: what one call's path costs with no wait for the scheduler. On
@@ -49,28 +49,46 @@ const METRICS: [Metric; 5] = [
         name: "32 B echo min [us]",
         size: 32,
         outstanding: 1,
-        pick: |p| p.latency_us.min,
+        pick: |p| Some(p.latency_us.min),
+        lower_is_better: true,
+    },
+    // What a call costs the machine: CPU time per call, the client's process and the server's
+    // together, read from the same calls as the p50 (see `crate::cpu`). With both processes on
+    // one CPU a round trip is about the sum of their work, so this tracks the p50 without the
+    // scheduling that moves it between runs.
+    Metric {
+        name: "32 B echo CPU/call c+s [us]",
+        size: 32,
+        outstanding: 1,
+        pick: |p| p.cpu_us_per_call.and_then(|c| c.total_us()),
         lower_is_better: true,
     },
     Metric {
         name: "32 B echo, 64 outstanding [calls/s]",
         size: 32,
         outstanding: 64,
-        pick: |p| p.calls_per_sec,
+        pick: |p| Some(p.calls_per_sec),
         lower_is_better: false,
+    },
+    Metric {
+        name: "32 B, 64 outst., CPU/call c+s [us]",
+        size: 32,
+        outstanding: 64,
+        pick: |p| p.cpu_us_per_call.and_then(|c| c.total_us()),
+        lower_is_better: true,
     },
     Metric {
         name: "1 MiB echo [GB/s]",
         size: 1 << 20,
         outstanding: 1,
-        pick: |p| p.gb_per_sec,
+        pick: |p| Some(p.gb_per_sec),
         lower_is_better: false,
     },
     Metric {
         name: "16 MiB echo [GB/s]",
         size: 16 << 20,
         outstanding: 1,
-        pick: |p| p.gb_per_sec,
+        pick: |p| Some(p.gb_per_sec),
         lower_is_better: false,
     },
 ];
@@ -174,15 +192,15 @@ async fn mem_floor(a: &CompareArgs, runs: usize) -> Result<MemFloor, BenchError>
         name: "16 MiB echo over mem",
         size: FLOOR_SIZE,
         outstanding: 1,
-        pick: |p| p.latency_us.p50,
+        pick: |p| Some(p.latency_us.p50),
         lower_is_better: true,
     };
     let mut echo = Vec::new();
     let mut copies = Vec::new();
     for _ in 0..runs {
         let spec = spec(&metric, a.duration);
-        let measured = measure_point(System::RpcCore, &server.local_addr(), &a.proto, &spec).await?;
-        echo.push((metric.pick)(&Point::new(System::RpcCore, "mem", &spec, &measured)));
+        let measured = measure_point(System::RpcCore, &server.local_addr(), &a.proto, &spec, None).await?;
+        echo.extend((metric.pick)(&Point::new(System::RpcCore, "mem", &spec, &measured)));
         copies.push(two_memcpys_us(FLOOR_SIZE, 20));
     }
     server.stop().await;
@@ -264,7 +282,7 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
             if let Some(first) = shares_point(m) {
                 for s in 0..SYSTEMS.len() {
                     let point = at[first][s].map(|i: usize| &points[i]);
-                    per_metric[m][s] = point.map(metric.pick);
+                    per_metric[m][s] = point.and_then(metric.pick);
                 }
                 continue;
             }
@@ -276,9 +294,10 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
                 }
                 bar.set_message(format!("{} {}", system.name(), metric.name));
                 let spec = spec(metric, a.duration);
-                let measured = measure_point(system, servers[s].addr(), &a.proto, &spec).await?;
+                let measured =
+                    measure_point(system, servers[s].addr(), &a.proto, &spec, Some(servers[s].id())).await?;
                 let point = Point::new(system, "tcp", &spec, &measured);
-                per_metric[m][s] = Some((metric.pick)(&point));
+                per_metric[m][s] = (metric.pick)(&point);
                 at[m][s] = Some(points.len());
                 points.push(point);
             }
@@ -403,12 +422,15 @@ mod tests {
     }
 
     #[test]
-    fn the_minimum_is_read_from_the_p50_measurement_and_nothing_else_is_shared() {
-        let min = METRICS.iter().position(|m| m.name == "32 B echo min [us]").unwrap();
-        let p50 = METRICS.iter().position(|m| m.name == "32 B echo p50 [us]").unwrap();
-        assert_eq!(shares_point(min), Some(p50));
+    fn the_minimum_and_cpu_time_are_read_from_their_latency_points_and_nothing_else_is_shared() {
+        let at = |name: &str| METRICS.iter().position(|m| m.name == name).unwrap();
+        let p50 = at("32 B echo p50 [us]");
+        let pipelined = at("32 B echo, 64 outstanding [calls/s]");
+        assert_eq!(shares_point(at("32 B echo min [us]")), Some(p50));
+        assert_eq!(shares_point(at("32 B echo CPU/call c+s [us]")), Some(p50));
+        assert_eq!(shares_point(at("32 B, 64 outst., CPU/call c+s [us]")), Some(pipelined));
         let shared: Vec<usize> = (0..METRICS.len()).filter(|&m| shares_point(m).is_some()).collect();
-        assert_eq!(shared, vec![min]);
+        assert_eq!(shared.len(), 3);
     }
 
     #[test]

@@ -80,6 +80,14 @@ impl Handle {
         }
     }
 
+    /// The server's child process.
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Handle::Child(p) => Some(p.id()),
+            Handle::Remote(_) | Handle::InProcess(_) => None,
+        }
+    }
+
     fn location(&self) -> String {
         match self {
             Handle::Remote(_) => "remote".into(),
@@ -120,17 +128,19 @@ pub fn scheme(addr: &str) -> &str {
     addr.split_once("://").map_or("?", |(s, _)| s)
 }
 
-/// Measures one point against `addr` with the client of `system`.
+/// Measures one point against `addr` with the client of `system`; `server_pid`: the server's
+/// child process, if it has one (its CPU time per call is measured too).
 pub async fn measure_point(
     system: System,
     addr: &str,
     settings: &ProtoSettings,
     spec: &PointSpec,
+    server_pid: Option<u32>,
 ) -> Result<Measured, BenchError> {
     match system {
-        System::RpcCore => measure::<RpcTarget>(addr, settings, spec).await,
-        System::Tarpc => measure::<TarpcTarget>(addr, settings, spec).await,
-        System::RawTcp => measure::<RawTarget>(addr, settings, spec).await,
+        System::RpcCore => measure::<RpcTarget>(addr, settings, spec, server_pid).await,
+        System::Tarpc => measure::<TarpcTarget>(addr, settings, spec, server_pid).await,
+        System::RawTcp => measure::<RawTarget>(addr, settings, spec, server_pid).await,
     }
 }
 
@@ -160,7 +170,7 @@ pub async fn execute(
                 spec.size,
                 spec.concurrency.in_flight()
             ));
-            let measured = measure_point(group.system, &addr, settings, spec).await?;
+            let measured = measure_point(group.system, &addr, settings, spec, handle.pid()).await?;
             let point = Point::new(group.system, &transport, spec, &measured);
             if let Some(c) = &point.counters {
                 client.get_or_insert_with(Counters::default).add(c);
