@@ -90,3 +90,20 @@ for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1
     printf '%-10s %-10s %10s %14s %16s %16s %14s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2" \
         "$atomic_per" "$lines"
 done
+
+# The critical path of a round trip when each side has a CPU of its own: rpc-core's 32 B echo over
+# tcp with the server in a child process, each process's run cut by callgrind where it returns from
+# `epoll_wait` (a message arrived) and where it calls `send` (its next message leaves); see
+# scripts/critical_path.py. 300 calls after 100 of warm-up: the stretches repeat exactly from call
+# to call, so their medians are the figures.
+echo
+echo "instructions from a message's arrival to the next message out, per side (rpc-core, tcp, server in a child process; scripts/critical_path.py)"
+if [[ "$python" == yes ]]; then
+    mkdir -p "$work/cp"
+    valgrind --tool=callgrind --trace-children=yes --dump-after=epoll_wait --dump-before=send \
+        --callgrind-out-file="$work/cp/cp-%p.out" "$bin" run --listen tcp --workload echo --sizes 32 \
+        --iters 300 --warmup 100 --no-plots --out "$work/bench" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
+    python3 scripts/critical_path.py "$work/cp"
+else
+    echo "  n/a (python3 is missing)"
+fi

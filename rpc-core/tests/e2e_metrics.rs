@@ -90,6 +90,8 @@ pub trait Timer {
     /// Blocks its thread for `millis`: a handler that finishes in its first poll (it runs in
     /// the connection's driver with `inline_handlers`).
     async fn busy(&self, millis: u64);
+    /// Used by one test only (the counters are per process).
+    async fn add_one(&self, v: u64) -> u64;
 }
 
 struct TimerImpl;
@@ -103,6 +105,47 @@ impl Timer for TimerImpl {
     }
     async fn busy(&self, millis: u64) {
         std::thread::sleep(Duration::from_millis(millis));
+    }
+    async fn add_one(&self, v: u64) -> u64 {
+        v + 1
+    }
+}
+
+/// Many calls answered together (64 requests in one round of the server's driver) are each
+/// reported once, with inline handlers (answered in the driver as they start) and without
+/// (answered as their tasks' results come back).
+#[tokio::test]
+async fn calls_answered_together_are_each_reported_once() {
+    recorded();
+    const CALLS: u64 = 64;
+    let key = "rpc_server_call_duration_seconds{method=Timer.add_one}";
+    for (round, inline) in [false, true].into_iter().enumerate() {
+        let config = ServerConfig::default().inline_handlers(inline);
+        let server = Server::bind("tcp://127.0.0.1:0", config, TimerServer::new(TimerImpl)).await.unwrap();
+        let client =
+            Client::connect(&server.local_addr().to_string(), ClientConfig::default()).await.unwrap();
+        let timer = TimerClient::new(client);
+        let answers = futures::future::join_all((0..CALLS).map(|v| timer.add_one(v))).await;
+        for (v, answer) in answers.into_iter().enumerate() {
+            assert_eq!(answer, Ok(v as u64 + 1));
+        }
+        let expected = CALLS * (round as u64 + 1);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while samples(key) < expected {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server reported {} of {expected}",
+                samples(key)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stats = server.stats();
+        server.shutdown().await;
+        assert_eq!(samples(key), expected, "each call reported once (inline handlers: {inline})");
+        assert_eq!(counter("rpc_server_calls_total{method=Timer.add_one}"), expected);
+        let (ran_inline, spawned) = (stats.handlers_inline, stats.handlers_spawned);
+        assert_eq!(ran_inline + spawned, CALLS, "every handler ran once: {stats:?}");
+        assert_eq!(ran_inline, if inline { CALLS } else { 0 }, "handlers run in the driver: {stats:?}");
     }
 }
 

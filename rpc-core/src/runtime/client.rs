@@ -444,6 +444,7 @@ async fn open(
         caller_passes: 0,
         ended_together: 0,
         ended_in_pass: false,
+        answered_quiet: false,
         held_sends: false,
     };
     let engine = Arc::new(Engine {
@@ -545,6 +546,9 @@ struct ClientDriver {
     ended_together: usize,
     /// The current pass has ended a call: `ended_together` counts this pass's.
     ended_in_pass: bool,
+    /// The current pass, a caller's, has delivered that caller's result: the receive the answer
+    /// came in waits until the caller's next request is out (see [`ClientDriver::poll_round`]).
+    answered_quiet: bool,
     /// The last round held its SENDs back for the callers it woke (see [`ClientDriver::poll_round`]):
     /// the pass ends there and the task comes back. The next round posts whatever it has.
     held_sends: bool,
@@ -633,6 +637,7 @@ impl ClientDriver {
             // A caller that has gone (its cancel not yet taken) gets nothing; one running this
             // pass looks at its slot after it.
             let wake = self.quiet != Some(call_id);
+            self.answered_quiet |= !wake;
             self.cut_short |= !wake && self.may_cut_short;
             slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
             if !std::mem::replace(&mut self.ended_in_pass, true) {
@@ -696,9 +701,14 @@ impl ClientDriver {
         self.held_sends = false;
         progressed |= driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         self.deliver_events();
-        if !self.cut_short {
-            // A caller whose answer came in this round gets it first: the receive it came in is
-            // replaced after its next request is out (`post_ready`), or by the driver task.
+        if !self.answered_quiet {
+            // A caller whose answer came in this pass gets it first: the receive it came in is
+            // replaced after its next request is out (`post_ready`), or by the next pass
+            // (whichever task runs it) that handles a message or posts. Until then the spare
+            // receive stands in for it (`proto::SPARE_RECEIVES`), so a SEND still never meets an
+            // empty receive queue. Where the caller runs the pass's confirming rounds itself
+            // (tcp, mem), that keeps the re-post off the way from the answer to the next request
+            // as well: work a side does after its message is out overlaps the peer's.
             driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
         }
         Ok(progressed)
@@ -738,6 +748,7 @@ impl ClientDriver {
         self.scratch.clock.reset();
         self.idle_armed = false;
         self.ended_in_pass = false;
+        self.answered_quiet = false;
         let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
             match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
