@@ -72,13 +72,14 @@ count() {
 }
 
 echo "instructions per 32 B echo call, user space only (callgrind; (I($n2 calls) - I($n1 calls)) / $((n2 - n1)); $bin)"
-printf '%-10s %-10s %10s %14s %16s %16s %14s\n' system transport "in flight" "instr/call" "I($n2 calls)" \
+printf '%-13s %-10s %10s %14s %16s %16s %14s\n' system transport "in flight" "instr/call" "I($n2 calls)" \
     "atomics/call" "lines/call"
 # tarpc and the raw tokio TCP ping-pong are `rpc-bench compare`'s peers, in the same binary (the
-# raw ping-pong runs one call at a time). Over tcp the kernel's share (system calls, loopback) is
-# not counted: these rows compare what each system runs in user space.
+# raw ping-pong runs one call at a time); raw-transport is a ping-pong straight on rpc-transport's
+# connections, rpc-core's floor on the same transport. Over tcp the kernel's share (system calls,
+# loopback) is not counted: these rows compare what each system runs in user space.
 for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1" "tarpc tcp 64" \
-    "raw-tcp tcp 1"; do
+    "raw-tcp tcp 1" "raw-transport mem://cg 1" "raw-transport tcp 1"; do
     read -r system listen outstanding <<<"$row"
     read -r i1 a1 <<<"$(count "$system" "$listen" "$outstanding" "$n1" "$work/short.out")"
     read -r i2 a2 <<<"$(count "$system" "$listen" "$outstanding" "$n2" "$work/long.out")"
@@ -87,23 +88,27 @@ for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1
     [[ "$a1" != n/a ]] && atomic_per="$(awk -v a="$a1" -v b="$a2" -v n=$((n2 - n1)) 'BEGIN { printf "%.1f", (b - a) / n }')"
     lines=n/a
     [[ "$python" == yes ]] && lines="$(python3 scripts/footprint.py "$work/short.out" "$work/long.out" $((n2 - n1)))"
-    printf '%-10s %-10s %10s %14s %16s %16s %14s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2" \
+    printf '%-13s %-10s %10s %14s %16s %16s %14s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2" \
         "$atomic_per" "$lines"
 done
 
-# The critical path of a round trip when each side has a CPU of its own: rpc-core's 32 B echo over
-# tcp with the server in a child process, each process's run cut by callgrind where it returns from
+# The critical path of a round trip when each side has a CPU of its own: a 32 B echo over tcp with
+# the server in a child process, each process's run cut by callgrind where it returns from
 # `epoll_wait` (a message arrived) and where it calls `send` (its next message leaves); see
-# scripts/critical_path.py. 300 calls after 100 of warm-up: the stretches repeat exactly from call
-# to call, so their medians are the figures.
+# scripts/critical_path.py. rpc-core, then its transport alone (raw-transport). 300 calls after 100
+# of warm-up: the stretches repeat exactly from call to call, so their medians are the figures.
 echo
-echo "instructions from a message's arrival to the next message out, per side (rpc-core, tcp, server in a child process; scripts/critical_path.py)"
-if [[ "$python" == yes ]]; then
-    mkdir -p "$work/cp"
+echo "instructions from a message's arrival to the next message out, per side (tcp, server in a child process; scripts/critical_path.py)"
+for system in rpc-core raw-transport; do
+    if [[ "$python" != yes ]]; then
+        echo "  n/a (python3 is missing)"
+        break
+    fi
+    rm -rf "$work/cp" && mkdir -p "$work/cp"
     valgrind --tool=callgrind --trace-children=yes --dump-after=epoll_wait --dump-before=send \
-        --callgrind-out-file="$work/cp/cp-%p.out" "$bin" run --listen tcp --workload echo --sizes 32 \
-        --iters 300 --warmup 100 --no-plots --out "$work/bench" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
+        --callgrind-out-file="$work/cp/cp-%p.out" "$bin" run --system "$system" --listen tcp --workload echo \
+        --sizes 32 --iters 300 --warmup 100 --no-plots --out "$work/bench" >"$work/log" 2>&1 ||
+        { cat "$work/log" >&2; exit 1; }
+    echo " $system:"
     python3 scripts/critical_path.py "$work/cp"
-else
-    echo "  n/a (python3 is missing)"
-fi
+done

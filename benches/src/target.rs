@@ -23,6 +23,9 @@ pub enum System {
     Tarpc,
     /// A hand-written length-prefixed ping-pong on a tokio TcpStream: the floor for TCP.
     RawTcp,
+    /// A hand-written ping-pong straight on rpc-transport's connections, over the transport its
+    /// address names: the floor of the transport under rpc-core.
+    RawTransport,
 }
 
 impl System {
@@ -32,6 +35,7 @@ impl System {
             System::RpcCore => "rpc-core",
             System::Tarpc => "tarpc",
             System::RawTcp => "raw-tcp",
+            System::RawTransport => "raw-transport",
         }
     }
 }

@@ -13,8 +13,10 @@
 #     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15:
 #     `rpc-bench doctor --device <dev>`, each test binary with `--ignored --test-threads 2`, `kv demo`
 #     over rdma://, then RPC_RDMA_SUITE_ROUNDS rounds (default 5) of rpc-bench (echo 32 B event-driven
-#     and busy-polling, download and upload 1 MiB and 16 MiB with 1 and with 4 calls in flight, a few
-#     seconds per point) and scripts/vm/perftest.sh <dev>, in alternating order; last
+#     and busy-polling, the same over rpc-transport alone (`--system raw-transport`: a ping-pong on
+#     the transport under rpc-core, its floor), download and upload 1 MiB and 16 MiB with 1 and with
+#     4 calls in flight, a few seconds per point) and scripts/vm/perftest.sh <dev>, in alternating
+#     order; last
 #     scripts/vm/verbs-instructions.sh (the user-space instructions a 32 B echo call costs the
 #     client and the server process, counted by callgrind: ~3.5 min per device);
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
@@ -142,6 +144,9 @@ run_benches() {
     local dev="$1" round="$2"
     run_bench "$dev" "$round" echo echo 32
     run_bench "$dev" "$round" echo-busy echo 32 --busy-poll-us "$BUSY_POLL_US"
+    # The transport's own floor in both modes: how much of the echo's round trip the RPC layers add.
+    run_bench "$dev" "$round" raw echo 32 --system raw-transport
+    run_bench "$dev" "$round" raw-busy echo 32 --system raw-transport --busy-poll-us "$BUSY_POLL_US"
     run_bench "$dev" "$round" download download 1M,16M
     run_bench "$dev" "$round" upload upload 1M,16M
     # ib_read_bw keeps many READs in flight: the like-for-like bandwidth point keeps calls in flight.
@@ -161,7 +166,7 @@ run_bench() {
         --duration "$BENCH_SECS" --out "$dir/bench" --name "$name" --no-plots "$@"
     record "$dev" bench "$name@$round" "$STEP_STATUS" - - "$workload $sizes"
     echo "[$dev] round $round: rpc-bench $workload $sizes: $(status_word "$STEP_STATUS") in ${STEP_SECS} s"
-    grep -a -A4 '^# rpc-core over rdma' "$log" | grep -aE '^ +[0-9]' || true
+    grep -a -A4 -E '^# (rpc-core|raw-transport) over rdma' "$log" | grep -aE '^ +[0-9]' || true
 }
 
 # run_instructions DEV: instructions per 32 B echo call of the client and the server process
@@ -427,9 +432,10 @@ instructions_line() {
     detail="$(cut -f7 <<<"$r")"
     echo "  user-space instructions per 32 B echo call (callgrind, event-driven; scripts/vm/verbs-instructions.sh):"
     if [[ "$detail" == VERBS-INSTRUCTIONS* ]]; then
-        # dev=D client=N server=N client_lines=N server_lines=N
-        read -r _ _ c s cl sl <<<"$detail"
+        # dev=D client=N server=N client_lines=N server_lines=N client_path=N server_path=N
+        read -r _ _ c s cl sl cp sp _ <<<"$detail"
         printf '    client %s (%s code lines), server %s (%s code lines)\n' "${c#*=}" "${cl#*=}" "${s#*=}" "${sl#*=}"
+        printf '    of which from a message'"'"'s arrival to the next doorbell: client %s, server %s\n' "${cp#*=}" "${sp#*=}"
     else
         printf '    %s\n' "${detail:-NOT RUN}"
     fi
@@ -461,30 +467,37 @@ cpu_line() {
     fi
 }
 
+# echo_ratio_line DEV CSV KEY LABEL REFLABEL: the 32 B echo p50 of CSV in each round next to twice
+# perftest's KEY of the same round, as a point_line.
+echo_ratio_line() {
+    local dev="$1" csv="$2" key="$3" round bench p50 lat ref ours=() refs=() ratios=()
+    for ((round = 1; round <= ROUNDS; round++)); do
+        bench="$(round_dir "$dev" "$round")/bench"
+        p50="$(csv_field "$bench/$csv" p50_us echo 32)"
+        lat="$(perftest_field "$dev" "$round" "$key")"
+        ref="$(awk -v l="$lat" 'BEGIN { if (l > 0) printf "%.2f", 2 * l }')"
+        ours+=("${p50:--}")
+        refs+=("${ref:--}")
+        ratios+=("$(ratio_of "${p50:--}" "${ref:--}")")
+    done
+    point_line "$4" us "${ours[@]}" -- "$5" "${refs[@]}" -- "${ratios[@]}"
+}
+
 bench_table() {
-    local dev="$1" round bench p50 lat ref gbps mibps key tool csv mode run w sz label
+    local dev="$1" round bench p50 lat ref gbps mibps key tool csv raw mode run w sz label
     local ours refs ratios
     echo "  bench (rpc-bench, release, 1 conn x 1 outstanding unless said, ${BENCH_SECS} s/point) vs perftest, same boot,"
     echo "  $ROUNDS round(s) alternated; medians over the rounds, each round's ratio, then the median ratio:"
     printf '    %-36s %14s  %-44s %-22s %s\n' point ours perftest "per round" ratio
     for mode in busy-poll event-driven; do
         if [[ "$mode" == busy-poll ]]; then
-            csv=echo-busy.csv key=send_lat_typical_us tool="ib_send_lat"
+            csv=echo-busy.csv raw=raw-busy.csv key=send_lat_typical_us tool="ib_send_lat"
         else
-            csv=echo.csv key=send_lat_event_typical_us tool="ib_send_lat -e"
+            csv=echo.csv raw=raw.csv key=send_lat_event_typical_us tool="ib_send_lat -e"
         fi
-        ours=() refs=() ratios=()
-        for ((round = 1; round <= ROUNDS; round++)); do
-            bench="$(round_dir "$dev" "$round")/bench"
-            p50="$(csv_field "$bench/$csv" p50_us echo 32)"
-            lat="$(perftest_field "$dev" "$round" "$key")"
-            ref="$(awk -v l="$lat" 'BEGIN { if (l > 0) printf "%.2f", 2 * l }')"
-            ours+=("${p50:--}")
-            refs+=("${ref:--}")
-            ratios+=("$(ratio_of "${p50:--}" "${ref:--}")")
-        done
-        point_line "echo 32 B p50 RTT ($mode)" us "${ours[@]}" -- "2 x $tool t_typical [us]" "${refs[@]}" -- "${ratios[@]}"
+        echo_ratio_line "$dev" "$csv" "$key" "echo 32 B p50 RTT ($mode)" "2 x $tool t_typical [us]"
         cpu_line "$dev" "$csv" "$mode"
+        echo_ratio_line "$dev" "$raw" "$key" "raw transport 32 B p50 RTT ($mode)" "2 x $tool t_typical [us]"
     done
     for run in download upload download-pipelined upload-pipelined; do
         w="${run%-pipelined}"
@@ -556,7 +569,7 @@ summarize() {
         local all_steps=() ok_steps=() round
         ((BENCH_ONLY)) || all_steps+=(demo:kv-demo)
         for ((round = 1; round <= ROUNDS; round++)); do
-            for name in echo echo-busy download upload download-pipelined upload-pipelined; do
+            for name in echo echo-busy raw raw-busy download upload download-pipelined upload-pipelined; do
                 all_steps+=("bench:$name@$round")
             done
             all_steps+=("perftest:perftest@$round")

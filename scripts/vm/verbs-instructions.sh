@@ -4,7 +4,9 @@
 # the VM (e.g. `scripts/vm/run.sh -- scripts/vm/verbs-instructions.sh target/release/rpc-bench rxe0`;
 # the rdma suite runs it per device, on its release build).
 #
-#   scripts/vm/verbs-instructions.sh BIN DEV [N1,N2]
+#   scripts/vm/verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]
+#
+# SYSTEM: rpc-bench's --system (default rpc-core; raw-transport counts the transport alone).
 #
 # Wall-clock figures under TCG move by up to 4x between runs (the suite's rounds); these move by
 # ~1.5% (how many wake-ups find the next completion already there): callgrind counts the
@@ -18,15 +20,23 @@
 # Both processes' counts include the harness (the client's timing and recording of each call) and
 # tokio's wake-ups on the completion channel.
 #
+# Then a third, shorter run (300 calls after 100 of warm-up) is cut by callgrind wherever a process
+# returns from `epoll_wait` (a completion event woke it) and before each `write` (the provider's
+# doorbell; on rxe the CQ's arming too), and scripts/critical_path.py takes each process's median
+# stretch from a message's arrival to its next doorbell: the instructions on the way of a round trip
+# when the two processes run on CPUs of their own (the server's from a request to its answer, the
+# client's from an answer to the next request).
+#
 # Prints one line:
-#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N
-# (lines: the 64-byte lines of code run at least once per two calls, scripts/footprint.py; n/a without
-# python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
+#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N client_path=N server_path=N
+# (lines: the 64-byte lines of code run at least once per two calls, scripts/footprint.py; path: the
+# stretch above; n/a without python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
 set -euo pipefail
 
-BIN="${1:?usage: verbs-instructions.sh BIN DEV [N1,N2]}"
-DEV="${2:?usage: verbs-instructions.sh BIN DEV [N1,N2]}"
+BIN="${1:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]}"
+DEV="${2:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]}"
 calls="${3:-1000,3000}"
+SYSTEM="${4:-rpc-core}"
 n1="${calls%,*}"
 n2="${calls#*,}"
 if ! [[ "$n1" =~ ^[0-9]+$ && "$n2" =~ ^[0-9]+$ ]] || ((n2 <= n1)); then
@@ -48,7 +58,7 @@ trap 'rm -rf "$work"' EXIT
 # run N: one callgrind run of N measured calls; its profiles are $work/N-<pid>.out, one per process.
 run() {
     if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --dump-instr=yes --trace-children=yes \
-        --callgrind-out-file="$work/$1-%p.out" "$BIN" run --listen "rdma://$SERVER_IP:0" --workload echo \
+        --callgrind-out-file="$work/$1-%p.out" "$BIN" run --system "$SYSTEM" --listen "rdma://$SERVER_IP:0" --workload echo \
         --sizes 32 --iters "$1" --warmup 500 --no-plots --out "$work/bench-$1" >"$work/log-$1" 2>&1; then
         cat "$work/log-$1" >&2
         echo "verbs-instructions.sh: the callgrind run of $1 calls on $DEV failed" >&2
@@ -88,5 +98,27 @@ for role in client server; do
         lines="$(python3 "$SCRIPTS/footprint.py" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
     fi
     out+=" ${role}_lines=$lines"
+done
+paths=()
+if command -v python3 >/dev/null 2>&1; then
+    mkdir -p "$work/cp"
+    if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --trace-children=yes --dump-after=epoll_wait \
+        --dump-before=write --callgrind-out-file="$work/cp/cp-%p.out" "$BIN" run --system "$SYSTEM" --listen "rdma://$SERVER_IP:0" \
+        --workload echo --sizes 32 --iters 300 --warmup 100 --no-plots --out "$work/bench-cp" >"$work/log-cp" 2>&1; then
+        cat "$work/log-cp" >&2
+        echo "verbs-instructions.sh: the split callgrind run on $DEV failed" >&2
+        exit 1
+    fi
+    # "  client  <what>  N   then -> the next arrival  M   (K round trips)" (read from a here-string:
+    # the VM's init has no /dev/fd for a process substitution)
+    stretches="$(python3 "$SCRIPTS/critical_path.py" "$work/cp" --send write)"
+    while read -r role rest; do
+        paths+=("${role}_path=$(awk '{ for (i = 1; i <= NF; i++) if ($i == "then") { print $(i - 1); exit } }' <<<"$rest")")
+    done <<<"$stretches"
+fi
+for role in client server; do
+    path="${role}_path=n/a"
+    for p in "${paths[@]}"; do [[ "$p" == "${role}_path="* ]] && path="$p"; done
+    out+=" $path"
 done
 echo "$out"

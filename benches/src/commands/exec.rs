@@ -5,6 +5,7 @@ use crate::counters::Counters;
 use crate::env::Placement;
 use crate::load::{measure, Measured, PointSpec};
 use crate::peers::raw_tcp::RawTarget;
+use crate::peers::raw_transport::RawTransportTarget;
 use crate::peers::tarpc::TarpcTarget;
 use crate::peers::RunningServer;
 use crate::report::{group_title, table_header, table_row, Point, ServerRun};
@@ -141,6 +142,7 @@ pub async fn measure_point(
         System::RpcCore => measure::<RpcTarget>(addr, settings, spec, server_pid).await,
         System::Tarpc => measure::<TarpcTarget>(addr, settings, spec, server_pid).await,
         System::RawTcp => measure::<RawTarget>(addr, settings, spec, server_pid).await,
+        System::RawTransport => measure::<RawTransportTarget>(addr, settings, spec, server_pid).await,
     }
 }
 

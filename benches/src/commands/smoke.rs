@@ -1,6 +1,6 @@
 //! `rpc-bench smoke`: a few seconds over mem (in-process) and tcp (child process), every workload
-//! on both paths, and the tarpc and raw-TCP clients briefly; checks every call, the path each
-//! took, the counters, and the files written. Any failure makes the command fail.
+//! on both paths, and the tarpc, raw-TCP and raw-transport clients briefly; checks every call, the
+//! path each took, the counters, and the files written. Any failure makes the command fail.
 
 use crate::cli::SmokeArgs;
 use crate::env::{Environment, Placement};
@@ -39,6 +39,14 @@ fn peer_points() -> Vec<PointSpec> {
     vec![
         point(Workload::Echo, 32, Concurrency::SERIAL),
         point(Workload::Download, LARGE, Concurrency::SERIAL),
+    ]
+}
+
+/// The raw transport ping-pong sends one message each way: sizes up to a receive buffer.
+fn raw_transport_points() -> Vec<PointSpec> {
+    vec![
+        point(Workload::Echo, 32, Concurrency::SERIAL),
+        point(Workload::Download, THRESHOLD, Concurrency::SERIAL),
     ]
 }
 
@@ -121,6 +129,16 @@ pub(super) async fn smoke(args: SmokeArgs) -> Result<(), BenchError> {
             system: System::RawTcp,
             server: ServerSpec::InProcess(listen_address("tcp")),
             points: peer_points(),
+        },
+        Group {
+            system: System::RawTransport,
+            server: ServerSpec::InProcess(listen_address("mem")),
+            points: raw_transport_points(),
+        },
+        Group {
+            system: System::RawTransport,
+            server: ServerSpec::Child(listen_address("tcp")),
+            points: raw_transport_points(),
         },
     ];
     let env = Environment::capture(&placement, &settings, &location_label(&groups));

@@ -1,6 +1,7 @@
 //! Servers of every system, started the same way in a child process or in this one.
 
 pub mod raw_tcp;
+pub mod raw_transport;
 pub mod tarpc;
 
 use std::net::SocketAddr;
@@ -17,7 +18,7 @@ use crate::BenchError;
 pub enum RunningServer {
     /// rpc-core's own server.
     Rpc(rpc_core::Server),
-    /// An accept loop (tarpc, raw TCP).
+    /// An accept loop (tarpc, raw TCP, raw transport).
     Task {
         /// The bound address, `tcp://IP:PORT`.
         addr: String,
@@ -54,6 +55,10 @@ impl RunningServer {
             System::RawTcp => {
                 let (addr, task) = raw_tcp::serve(tcp_socket(listen)?).await?;
                 Ok(RunningServer::Task { addr: format!("tcp://{addr}"), task })
+            }
+            System::RawTransport => {
+                let (addr, task) = raw_transport::serve(listen).await?;
+                Ok(RunningServer::Task { addr, task })
             }
         }
     }
