@@ -18,15 +18,15 @@
 #     4 calls in flight, a few seconds per point) and scripts/vm/perftest.sh <dev>, in alternating
 #     order; last
 #     scripts/vm/verbs-instructions.sh (the user-space instructions a 32 B echo call costs the
-#     client and the server process, counted by callgrind: ~3.5 min per device);
+#     client and the server process, counted by callgrind: ~4 min per device, with its critical path: the instructions from a message's arrival to the next doorbell);
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest: medians over the rounds, each round's ratio (its rpc-bench figure over its own
 #     perftest run) and the median of those ratios, last on the line; then the instructions per call.
 #
 # Options:
 #   --timeout SECS  bound on the whole run (setup, builds, VM); default 2700 or $RPC_RDMA_SUITE_TIMEOUT.
-#                   The VM gets what is left after setup and builds (warm: ~29 min of VM time needed
-#                   with 5 rounds: ~3.5 min of tests and demo, ~100 s per round and ~3.5 min of
+#                   The VM gets what is left after setup and builds (warm: ~32 min of VM time needed
+#                   with 5 rounds: ~3.5 min of tests and demo, ~110 s per round and ~4 min of
 #                   instruction counting, per device).
 #   --bench-only    a measuring boot: doctor, rpc-bench and perftest only (no test binary, no demo);
 #                   its summary says so, and it is no substitute for the suite.
