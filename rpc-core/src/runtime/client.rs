@@ -125,7 +125,7 @@ impl Conn {
             state.pass(&mut Context::from_waker(&engine.waker))
         };
         state.quiet = None;
-        let cut_short = std::mem::take(&mut state.cut_short);
+        let cut_short = state.cut_short();
         drop(state);
         if cut_short || ended.is_ready() {
             // The pass stopped at this call's result, before the rounds that would have found
@@ -437,7 +437,6 @@ async fn open(
         closing: false,
         finished: false,
         quiet: None,
-        cut_short: false,
         idle_armed: false,
         may_cut_short: info.idle_poll_is_costly,
         route: route.clone(),
@@ -529,9 +528,6 @@ struct ClientDriver {
     /// the command queue hold the route's waker, and nothing ran on this state since (cleared
     /// when a pass begins and by [`Conn::start_here`], which takes it).
     idle_armed: bool,
-    /// The pass stopped once the result of the `quiet` call was delivered (its caller is
-    /// waiting for nothing else), without the rounds that would confirm there is nothing more.
-    cut_short: bool,
     /// A caller's pass may stop short at its result: only where the confirming rounds cost a
     /// system call ([`ConnInfo::idle_poll_is_costly`](rpc_transport::ConnInfo), verbs). Elsewhere
     /// the caller runs them itself (a few hundred instructions), which spares the driver task a
@@ -638,7 +634,6 @@ impl ClientDriver {
             // pass looks at its slot after it.
             let wake = self.quiet != Some(call_id);
             self.answered_quiet |= !wake;
-            self.cut_short |= !wake && self.may_cut_short;
             slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
             if !std::mem::replace(&mut self.ended_in_pass, true) {
                 self.ended_together = 0;
@@ -716,6 +711,13 @@ impl ClientDriver {
 }
 
 impl ClientDriver {
+    /// Whether the current (or just ended) pass stops once the result of the `quiet` call is
+    /// delivered (its caller waits for nothing else), without the rounds that would confirm
+    /// there is nothing more: where that is allowed ([`ClientDriver::may_cut_short`]).
+    fn cut_short(&self) -> bool {
+        self.answered_quiet && self.may_cut_short
+    }
+
     /// Whether this round holds its SENDs back ([`ClientDriver::poll_round`]): it took no
     /// command, it has SENDs and results for callers other than the one running the pass (the
     /// driver task's pass only), and the round before did not hold already.
@@ -762,7 +764,7 @@ impl ClientDriver {
                     return Poll::Ready(());
                 }
                 // The caller running this pass has its result: it need not wait for the rest.
-                Ok(true) if self.cut_short => return Poll::Pending,
+                Ok(true) if self.cut_short() => return Poll::Pending,
                 // SENDs held for the callers just woken: come back after them.
                 Ok(true) if self.held_sends => {
                     wake_after_others(cx);
