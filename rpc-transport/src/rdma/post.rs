@@ -26,7 +26,7 @@ use super::error::verbs;
 use super::hello::HELLO_MAX;
 use super::slab::TAG_BIT;
 use super::sys::{self, PostError, RecvWr, SendOp, SendWr, Sge, POST_BATCH};
-use crate::{take_each, Buf, Completion, ReadError, RecvBuffer, RegionDesc, SendBuf, TransportError, WrId};
+use crate::{Buf, Completion, ReadError, RecvBuffer, RegionDesc, SendBuf, TransportError, WrId};
 
 impl RdmaConnection {
     /// Posts the hello receive and `recv_depth` receive buffers from the pool (before the peer
@@ -446,22 +446,27 @@ impl RdmaConnection {
                 Ok(()) => n,
                 Err(e) => e.posted,
             };
-            let mut report = |b: Batched| {
+            // An unsignaled SEND completes as it is posted.
+            let (reporting, posted_done, ready) = (self.reporting, &mut self.posted_done, &mut self.ready);
+            let mut report = |b: &Batched| {
                 if let Some(wr_id) = b.unsignaled {
-                    if self.reporting {
-                        self.posted_done.push((wr_id, Ok(())));
+                    if reporting {
+                        posted_done.push((wr_id, Ok(())));
                     } else {
-                        self.ready.push_back(Completion::Send { wr_id, result: Ok(()) });
+                        ready.push_back(Completion::Send { wr_id, result: Ok(()) });
                     }
                 }
-                Ok::<(), std::convert::Infallible>(())
             };
             if posted == self.sq_batch.len() {
-                // All of them (a `Drain` costs more than the loop for the one or two of a round).
-                let _ = take_each(&mut self.sq_batch, report);
+                // All of them: each looked at where it lies, then all dropped in place. Taking
+                // them out by value moved each entry (~170 bytes with an inline SEND's bytes: a
+                // `memcpy` call per SEND); a `Drain` costs more still for the one or two of a
+                // round.
+                self.sq_batch.iter().for_each(&mut report);
+                self.sq_batch.clear();
             } else {
                 for b in self.sq_batch.drain(..posted) {
-                    let _ = report(b);
+                    report(&b);
                 }
             }
             if let Err(e) = result {
