@@ -8,7 +8,9 @@
 # Then the same difference for the atomic read-modify-write instructions among them (see
 # scripts/atomics.py), and last the 64-byte lines of code one call runs (scripts/footprint.py: at
 # one call in flight a call runs almost all of its code once, so its code does not stay in the
-# 32 KiB instruction cache between calls and every line costs a fetch from further out).
+# 32 KiB instruction cache between calls and every line costs a fetch from further out). After the
+# table, each row's instructions by layer (scripts/layers.py: the RPC layers, transport, tokio,
+# harness, ...).
 #
 #   scripts/instructions.sh [--bin PATH] [--calls N1,N2]
 #
@@ -78,6 +80,7 @@ printf '%-13s %-10s %10s %14s %16s %16s %14s\n' system transport "in flight" "in
 # raw ping-pong runs one call at a time); raw-transport is a ping-pong straight on rpc-transport's
 # connections, rpc-core's floor on the same transport. Over tcp the kernel's share (system calls,
 # loopback) is not counted: these rows compare what each system runs in user space.
+by_layer=()
 for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1" "tarpc tcp 64" \
     "raw-tcp tcp 1" "raw-transport mem://cg 1" "raw-transport tcp 1"; do
     read -r system listen outstanding <<<"$row"
@@ -87,10 +90,21 @@ for row in "rpc-core mem://cg 1" "rpc-core tcp 1" "rpc-core tcp 64" "tarpc tcp 1
     atomic_per=n/a
     [[ "$a1" != n/a ]] && atomic_per="$(awk -v a="$a1" -v b="$a2" -v n=$((n2 - n1)) 'BEGIN { printf "%.1f", (b - a) / n }')"
     lines=n/a
-    [[ "$python" == yes ]] && lines="$(python3 scripts/footprint.py "$work/short.out" "$work/long.out" $((n2 - n1)))"
+    layers=n/a
+    if [[ "$python" == yes ]]; then
+        lines="$(python3 scripts/footprint.py "$work/short.out" "$work/long.out" $((n2 - n1)))"
+        layers="$(python3 scripts/layers.py "$work/short.out" "$work/long.out" $((n2 - n1)))"
+    fi
     printf '%-13s %-10s %10s %14s %16s %16s %14s\n' "$system" "${listen%%:*}" "$outstanding" "$per" "$i2" \
         "$atomic_per" "$lines"
+    by_layer+=("$(printf '  %-13s %-4s %3s  %s' "$system" "${listen%%:*}" "$outstanding" "${layers//,/, }")")
 done
+
+# The same instructions by layer (scripts/layers.py): client, server and harness together (one
+# process), so that a change shows in the layer it changed.
+echo
+echo "the same by layer (instructions per call; client, server and harness in one process; scripts/layers.py)"
+printf '%s\n' "${by_layer[@]}"
 
 # The critical path of a round trip when each side has a CPU of its own: a 32 B echo over tcp with
 # the server in a child process, each process's run cut by callgrind where it returns from

@@ -28,9 +28,10 @@
 # client's from an answer to the next request).
 #
 # Prints one line:
-#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N client_path=N server_path=N
-# (lines: the 64-byte lines of code run at least once per two calls, scripts/footprint.py; path: the
-# stretch above; n/a without python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
+#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N client_layers=L server_layers=L client_path=N server_path=N
+# (lines: the 64-byte lines of code run at least once per two calls, scripts/footprint.py; layers:
+# the same instructions split by layer, `rpc:N,transport:N,tokio:N,provider:N,libc:N,harness:N,other:N`,
+# scripts/layers.py; path: the stretch above; n/a without python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
 set -euo pipefail
 
 BIN="${1:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]}"
@@ -98,6 +99,13 @@ for role in client server; do
         lines="$(python3 "$SCRIPTS/footprint.py" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
     fi
     out+=" ${role}_lines=$lines"
+done
+for role in client server; do
+    layers=n/a
+    if command -v python3 >/dev/null 2>&1; then
+        layers="$(python3 "$SCRIPTS/layers.py" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
+    fi
+    out+=" ${role}_layers=$layers"
 done
 paths=()
 if command -v python3 >/dev/null 2>&1; then
