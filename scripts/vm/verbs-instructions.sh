@@ -93,20 +93,20 @@ for role in client server; do
     b="$(profile "$n2" "$role")"
     out+=" $role=$(( ($(total "$b") - $(total "$a")) / (n2 - n1) ))"
 done
-for role in client server; do
-    lines=n/a
-    if command -v python3 >/dev/null 2>&1; then
-        lines="$(python3 "$SCRIPTS/footprint.py" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
-    fi
-    out+=" ${role}_lines=$lines"
-done
-for role in client server; do
-    layers=n/a
-    if command -v python3 >/dev/null 2>&1; then
-        layers="$(python3 "$SCRIPTS/layers.py" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
-    fi
-    out+=" ${role}_layers=$layers"
-done
+# each_role SCRIPT FIELD: " client_FIELD=C server_FIELD=S", C and S what scripts/SCRIPT prints
+# for that process's two profiles (n/a without python3).
+each_role() {
+    local role value
+    for role in client server; do
+        value=n/a
+        if command -v python3 >/dev/null 2>&1; then
+            value="$(python3 "$SCRIPTS/$1" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
+        fi
+        printf ' %s_%s=%s' "$role" "$2" "$value"
+    done
+}
+out+="$(each_role footprint.py lines)"
+out+="$(each_role layers.py layers)"
 paths=()
 if command -v python3 >/dev/null 2>&1; then
     mkdir -p "$work/cp"
