@@ -33,6 +33,7 @@ project's VM, the provider's ~0.6k of them).
 """
 
 import collections
+import os
 import re
 import sys
 
@@ -65,7 +66,9 @@ CRATE = re.compile(r"\b([a-z_][a-z0-9_]*)::")
 def layer(obj, function, executable):
     """The layer of code in `function` of object file `obj`."""
     obj = obj or ""
-    if obj != executable:
+    # callgrind names the object by its full path and the command as it was typed (a relative
+    # path, say): the executable is the object of the same file name.
+    if os.path.basename(obj) != os.path.basename(executable or ""):
         name = obj.rsplit("/", 1)[-1]
         if "ibverbs" in obj or "rdmav" in name:
             return "provider"
