@@ -93,8 +93,9 @@ for role in client server; do
     b="$(profile "$n2" "$role")"
     out+=" $role=$(( ($(total "$b") - $(total "$a")) / (n2 - n1) ))"
 done
-# each_role SCRIPT FIELD: " client_FIELD=C server_FIELD=S", C and S what scripts/SCRIPT prints
-# for that process's two profiles (n/a without python3).
+# each_role SCRIPT FIELD: appends " client_FIELD=C server_FIELD=S" to $out, C and S what
+# scripts/SCRIPT prints for that process's two profiles (n/a without python3). It runs in this
+# shell, not in a command substitution, so that a failing script stops this one (set -e).
 each_role() {
     local role value
     for role in client server; do
@@ -102,11 +103,11 @@ each_role() {
         if command -v python3 >/dev/null 2>&1; then
             value="$(python3 "$SCRIPTS/$1" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
         fi
-        printf ' %s_%s=%s' "$role" "$2" "$value"
+        out+=" ${role}_$2=$value"
     done
 }
-out+="$(each_role footprint.py lines)"
-out+="$(each_role layers.py layers)"
+each_role footprint.py lines
+each_role layers.py layers
 paths=()
 if command -v python3 >/dev/null 2>&1; then
     mkdir -p "$work/cp"
