@@ -21,9 +21,9 @@
 //!    (`ibv_get_cq_event`, a read; the channel is this CQ's alone) and the CQ armed (a system
 //!    call on rxe) only when a look finds nothing more, after the request a response answers
 //!    has gone out. In the VM, arming before the look cost a 32 B round trip about 6%. Events
-//!    are acknowledged in batches (`ibv_ack_cq_events`). The fd's readiness is cleared as the
-//!    event is taken, before the arming, so that an event the arming raises is never cleared
-//!    unseen.
+//!    are acknowledged in batches (`ibv_ack_cq_events`). The fd's readiness is cleared as it is
+//!    seen (the event it announces is then taken before the CQ is armed again), so that an
+//!    event the arming raises is never cleared unseen.
 //!
 //! No timer papers over a missed wake-up: the arm-then-poll order makes one impossible. All taken
 //! events are acknowledged before the CQ can be destroyed (in `Drop`), as `ibv_destroy_cq` would
@@ -155,7 +155,7 @@ impl CqPoller {
                 }
                 if self.ready_untaken {
                     // Found nothing more: now is the time to take the event that woke us.
-                    self.take_event(cx)?;
+                    self.take_event()?;
                 }
                 self.arm()?;
                 continue; // poll once more: closes the poll/arm race
@@ -163,11 +163,15 @@ impl CqPoller {
             match self.channel.poll_read_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(_)) => {
+                Poll::Ready(Ok(mut guard)) => {
                     // Look first; take the event (a read) and arm (a system call on rxe) only
                     // once the look finds nothing more: what the event announced is handed on
                     // before either is paid. An armed CQ raises one event and is then disarmed
-                    // until we arm it again, so the channel holds at most this one meanwhile.
+                    // until we arm it again, so the channel holds at most this one meanwhile,
+                    // and no other comes before the arming: the readiness is cleared now (no
+                    // second look at it to take the event), and an event the arming raises sets
+                    // it again.
+                    guard.clear_ready();
                     self.ready_untaken = true;
                     self.armed = false;
                     self.must_drain = true;
@@ -177,19 +181,13 @@ impl CqPoller {
     }
 
     /// Takes the event whose readiness woke us (if there is one: a spurious readiness has
-    /// none), and clears the readiness. The channel serves this CQ alone and an armed CQ raises
-    /// one event: after taking it the channel holds no other until we arm again, so readiness
-    /// is cleared without a second read to see EAGAIN (a system call per wake-up).
+    /// none); the readiness was cleared when it was seen. The channel serves this CQ alone and
+    /// an armed CQ raises one event: after taking it the channel holds no other until we arm
+    /// again, so no second read looks for EAGAIN (a system call per wake-up).
     #[inline(never)] // off the spinning path: keeps `poll` small
-    fn take_event(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+    fn take_event(&mut self) -> io::Result<()> {
         self.ready_untaken = false;
-        let Poll::Ready(guard) = self.channel.poll_read_ready(cx) else {
-            // Readiness was cleared already: nothing to take.
-            return Ok(());
-        };
-        let mut guard = guard?;
-        let event = sys::get_cq_event(guard.get_inner())?;
-        guard.clear_ready();
+        let event = sys::get_cq_event(self.channel.get_ref())?;
         if event {
             self.unacked += 1;
             if self.unacked >= ACK_BATCH {
