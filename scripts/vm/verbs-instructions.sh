@@ -57,8 +57,11 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # run N: one callgrind run of N measured calls; its profiles are $work/N-<pid>.out, one per process.
+# The client's end-of-run report is not counted (see NOT_COUNTED in scripts/instructions.sh: its
+# cost follows the latencies' spread and moved the client's count by up to ~150 per call).
 run() {
     if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --dump-instr=yes --trace-children=yes \
+        --toggle-collect='benches::report::Point::new' --collect-atstart=yes \
         --callgrind-out-file="$work/$1-%p.out" "$BIN" run --system "$SYSTEM" --listen "rdma://$SERVER_IP:0" --workload echo \
         --sizes 32 --iters "$1" --warmup 500 --no-plots --out "$work/bench-$1" >"$work/log-$1" 2>&1; then
         cat "$work/log-$1" >&2
