@@ -2,7 +2,7 @@
 """The instructions each side of a round trip runs from a message's arrival to the message it
 sends next, from callgrind profiles split at the system calls that mark the two.
 
-    scripts/critical_path.py DIR [--arrival FN] [--send FN]
+    scripts/critical_path.py DIR [--arrival FN] [--send FN] [--by-layer]
 
 DIR holds the profiles of one `rpc-bench run` (its server a child process) run under
 `valgrind --tool=callgrind --trace-children=yes --dump-after=FN_A --dump-before=FN_S
@@ -21,7 +21,12 @@ busy-polling), a round trip is the two stretches plus the network and the kernel
 after a send overlaps the peer's. On one shared CPU both count alike (see `instr/call`).
 
 Prints per side the medians of the two over the run's second half (start-up and warm-up are in
-the first) and how many round trips that was.
+the first) and how many round trips that was. With --by-layer (the profiles must then come from
+callgrind with --dump-instr=yes too), also each side's stretch from an arrival to its send split
+by layer, as scripts/layers.py splits a whole call (rpc, transport, tokio, provider, libc,
+harness, other): the mean over the last 64 of the same round trips, which repeat to within a few
+instructions, so the layers add up to about the median. This is the split that decides a round trip when each
+side has a CPU of its own: the RPC layers' share of it is what a leaner small-call path cuts.
 """
 
 import argparse
@@ -30,9 +35,12 @@ import os
 import re
 import statistics
 
+import layers
+from callgrind import instruction_costs
+
 
 def parts(directory):
-    """{pid: (role, [(part number, trigger, instructions)])}, in part order."""
+    """{pid: (role, [(part number, trigger, instructions, file)])}, in part order."""
     found = collections.defaultdict(list)
     roles = {}
     for name in os.listdir(directory):
@@ -51,29 +59,49 @@ def parts(directory):
                     total = int(line.split()[1])
                     break
         if trigger is not None and total is not None:
-            found[pid].append((number, trigger, total))
+            found[pid].append((number, trigger, total, os.path.join(directory, name)))
     return {pid: (roles.get(pid, "?"), sorted(p)) for pid, p in found.items()}
 
 
+# How many round trips the split by layer reads.
+LAYER_SAMPLE = 64
+
+
 def stretches(seq, arrival, send):
-    """(arrival -> first send, first send -> next arrival) per round trip of `seq`."""
+    """(arrival -> first send, first send -> next arrival, the first one's part files) per round
+    trip of `seq`."""
     out = []
-    to_send, after, sent = 0, 0, False
-    for _, trigger, n in seq:
+    to_send, after, sent, files = 0, 0, False, []
+    for _, trigger, n, path in seq:
         if not sent:
             to_send += n
+            files.append(path)
             if trigger == f"--dump-before={send}":
                 sent = True
         else:
             after += n
             if trigger == f"--dump-after={arrival}":
-                out.append((to_send, after))
-                to_send, after, sent = 0, 0, False
+                out.append((to_send, after, files))
+                to_send, after, sent, files = 0, 0, False, []
         if not sent and trigger == f"--dump-after={arrival}":
             # Another arrival before anything was sent (a wake-up that found nothing, say):
             # the stretch starts again from the latest one.
-            to_send = 0
+            to_send, files = 0, []
     return out
+
+
+def by_layer(found):
+    """The mean instructions per layer of the stretches' arrival -> send parts, over the last
+    `LAYER_SAMPLE` of them (they repeat to within a few instructions; reading every part's
+    profile takes minutes under TCG)."""
+    found = found[-LAYER_SAMPLE:]
+    total = collections.Counter()
+    for _, _, files in found:
+        for path in files:
+            exe = layers.executable_of(path)
+            for obj, function, _addr, cost in instruction_costs(path):
+                total[layers.layer(obj, function, exe)] += cost
+    return ",".join(f"{lay}:{round(total[lay] / len(found))}" for lay in layers.LAYERS)
 
 
 def main():
@@ -81,19 +109,30 @@ def main():
     ap.add_argument("dir")
     ap.add_argument("--arrival", default="epoll_wait")
     ap.add_argument("--send", default="send")
+    ap.add_argument("--by-layer", action="store_true")
     args = ap.parse_args()
     rows = []
     for role, seq in parts(args.dir).values():
         found = stretches(seq[len(seq) // 2 :], args.arrival, args.send)[1:-1]
         if found:
-            rows.append((role, statistics.median(s for s, _ in found), statistics.median(a for _, a in found), len(found)))
+            split = by_layer(found) if args.by_layer else None
+            rows.append(
+                (
+                    role,
+                    statistics.median(s for s, _, _ in found),
+                    statistics.median(a for _, a, _ in found),
+                    len(found),
+                    split,
+                )
+            )
     if not rows:
         raise SystemExit(f"critical_path.py: no round trips found (was the run split at {args.arrival} and {args.send}?)")
     what = {"client": "an answer's arrival -> the next request out", "server": "a request's arrival -> its answer out"}
-    for role, to_send, after, n in sorted(rows):
+    for role, to_send, after, n, split in sorted(rows):
         print(
             f"  {role:<7} {what.get(role, '?'):<46} {to_send:>7.0f}"
             f"   then -> the next arrival {after:>6.0f}   ({n} round trips)"
+            + (f"   by layer {split}" if split else "")
         )
 
 

@@ -117,6 +117,8 @@ printf '%s\n' "${by_layer[@]}"
 # `epoll_wait` (a message arrived) and where it calls `send` (its next message leaves); see
 # scripts/critical_path.py. rpc-core, then its transport alone (raw-transport). 300 calls after 100
 # of warm-up: the stretches repeat exactly from call to call, so their medians are the figures.
+# Each side's stretch from an arrival to its send is split by layer too (as layers.py splits a
+# whole call): the RPC layers' share of a round trip when each side has a CPU of its own.
 echo
 echo "instructions from a message's arrival to the next message out, per side (tcp, server in a child process; scripts/critical_path.py)"
 for system in rpc-core raw-transport; do
@@ -125,10 +127,10 @@ for system in rpc-core raw-transport; do
         break
     fi
     rm -rf "$work/cp" && mkdir -p "$work/cp"
-    valgrind --tool=callgrind --trace-children=yes --dump-after=epoll_wait --dump-before=send \
+    valgrind --tool=callgrind --dump-instr=yes --trace-children=yes --dump-after=epoll_wait --dump-before=send \
         --callgrind-out-file="$work/cp/cp-%p.out" "$bin" run --system "$system" --listen tcp --workload echo \
         --sizes 32 --iters 300 --warmup 100 --no-plots --out "$work/bench" >"$work/log" 2>&1 ||
         { cat "$work/log" >&2; exit 1; }
     echo " $system:"
-    python3 scripts/critical_path.py "$work/cp"
+    python3 scripts/critical_path.py "$work/cp" --by-layer
 done

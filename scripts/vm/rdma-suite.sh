@@ -18,7 +18,7 @@
 #     4 calls in flight, a few seconds per point) and scripts/vm/perftest.sh <dev>, in alternating
 #     order; last
 #     scripts/vm/verbs-instructions.sh (the user-space instructions a 32 B echo call costs the
-#     client and the server process, counted by callgrind: ~4 min per device, with its critical path: the instructions from a message's arrival to the next doorbell, and its split by layer: scripts/layers.py);
+#     client and the server process, counted by callgrind: ~4 min per device, with its critical path: the instructions from a message's arrival to the next doorbell; both split by layer: scripts/layers.py);
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest: medians over the rounds, each round's ratio (its rpc-bench figure over its own
 #     perftest run) and the median of those ratios, last on the line; then the instructions per call.
@@ -449,11 +449,12 @@ instructions_line() {
     echo "  user-space instructions per 32 B echo call (callgrind, event-driven; scripts/vm/verbs-instructions.sh):"
     if [[ "$detail" == VERBS-INSTRUCTIONS* ]]; then
         # dev=D client=N server=N client_lines=N server_lines=N client_layers=L server_layers=L
-        # client_path=N server_path=N
-        read -r _ _ c s cl sl clay slay cp sp _ <<<"$detail"
+        # client_path=N server_path=N client_path_layers=L server_path_layers=L
+        read -r _ _ c s cl sl clay slay cp sp cpl spl _ <<<"$detail"
         printf '    client %s (%s code lines), server %s (%s code lines)\n' "${c#*=}" "${cl#*=}" "${s#*=}" "${sl#*=}"
-        printf '    of which from a message'"'"'s arrival to the next doorbell: client %s, server %s\n' "${cp#*=}" "${sp#*=}"
         printf '    by layer, client / server (scripts/layers.py): %s\n' "$(layers_pairs "${clay#*=}" "${slay#*=}")"
+        printf '    of which from a message'"'"'s arrival to the next doorbell: client %s, server %s\n' "${cp#*=}" "${sp#*=}"
+        printf '      by layer, client / server: %s\n' "$(layers_pairs "${cpl#*=}" "${spl#*=}")"
     else
         printf '    %s\n' "${detail:-NOT RUN}"
     fi

@@ -25,13 +25,14 @@
 # doorbell; on rxe the CQ's arming too), and scripts/critical_path.py takes each process's median
 # stretch from a message's arrival to its next doorbell: the instructions on the way of a round trip
 # when the two processes run on CPUs of their own (the server's from a request to its answer, the
-# client's from an answer to the next request).
+# client's from an answer to the next request), and that stretch split by layer.
 #
 # Prints one line:
-#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N client_layers=L server_layers=L client_path=N server_path=N
+#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N client_layers=L server_layers=L client_path=N server_path=N client_path_layers=L server_path_layers=L
 # (lines: the 64-byte lines of code run at least once per two calls, scripts/footprint.py; layers:
 # the same instructions split by layer, `rpc:N,transport:N,tokio:N,provider:N,libc:N,harness:N,other:N`,
-# scripts/layers.py; path: the stretch above; n/a without python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
+# scripts/layers.py; path, path_layers: the stretch above and its split by layer, the mean over
+# its round trips; n/a without python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
 set -euo pipefail
 
 BIN="${1:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]}"
@@ -114,23 +115,24 @@ each_role layers.py layers
 paths=()
 if command -v python3 >/dev/null 2>&1; then
     mkdir -p "$work/cp"
-    if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --trace-children=yes --dump-after=epoll_wait \
+    if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --dump-instr=yes --trace-children=yes --dump-after=epoll_wait \
         --dump-before=write --callgrind-out-file="$work/cp/cp-%p.out" "$BIN" run --system "$SYSTEM" --listen "rdma://$SERVER_IP:0" \
         --workload echo --sizes 32 --iters 300 --warmup 100 --no-plots --out "$work/bench-cp" >"$work/log-cp" 2>&1; then
         cat "$work/log-cp" >&2
         echo "verbs-instructions.sh: the split callgrind run on $DEV failed" >&2
         exit 1
     fi
-    # "  client  <what>  N   then -> the next arrival  M   (K round trips)" (read from a here-string:
-    # the VM's init has no /dev/fd for a process substitution)
-    stretches="$(python3 "$SCRIPTS/critical_path.py" "$work/cp" --send write)"
+    # "  client  <what>  N   then -> the next arrival  M   (K round trips)   by layer L" (read from
+    # a here-string: the VM's init has no /dev/fd for a process substitution)
+    stretches="$(python3 "$SCRIPTS/critical_path.py" "$work/cp" --send write --by-layer)"
     while read -r role rest; do
         paths+=("${role}_path=$(awk '{ for (i = 1; i <= NF; i++) if ($i == "then") { print $(i - 1); exit } }' <<<"$rest")")
+        paths+=("${role}_path_layers=$(awk '{ print $NF }' <<<"$rest")")
     done <<<"$stretches"
 fi
-for role in client server; do
-    path="${role}_path=n/a"
-    for p in "${paths[@]}"; do [[ "$p" == "${role}_path="* ]] && path="$p"; done
+for key in client_path server_path client_path_layers server_path_layers; do
+    path="$key=n/a"
+    for p in "${paths[@]}"; do [[ "$p" == "$key="* ]] && path="$p"; done
     out+=" $path"
 done
 echo "$out"
