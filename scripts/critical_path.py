@@ -25,8 +25,9 @@ the first) and how many round trips that was. With --by-layer (the profiles must
 callgrind with --dump-instr=yes too), also each side's stretch from an arrival to its send split
 by layer, as scripts/layers.py splits a whole call (rpc, transport, tokio, provider, libc,
 harness, other): the mean over the last 64 of the same round trips, which repeat to within a few
-instructions, so the layers add up to about the median. This is the split that decides a round trip when each
-side has a CPU of its own: the RPC layers' share of it is what a leaner small-call path cuts.
+instructions, so the layers add up to about the median. This is the split that decides a round
+trip when each side has a CPU of its own: the RPC layers' share of it is what a leaner
+small-call path cuts.
 """
 
 import argparse
