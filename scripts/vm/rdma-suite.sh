@@ -18,7 +18,7 @@
 #     4 calls in flight, a few seconds per point) and scripts/vm/perftest.sh <dev>, in alternating
 #     order; last
 #     scripts/vm/verbs-instructions.sh (the user-space instructions a 32 B echo call costs the
-#     client and the server process, counted by callgrind: ~4 min per device, with its critical path: the instructions from a message's arrival to the next doorbell; both split by layer: scripts/layers.py);
+#     client and the server process, counted by callgrind: ~5 min per device, with its critical path: the instructions from a message's arrival to the next doorbell; both split by layer: scripts/layers.py);
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest: medians over the rounds, each round's ratio (its rpc-bench figure over its own
 #     perftest run) and the median of those ratios, last on the line; then the instructions per call.
