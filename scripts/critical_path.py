@@ -37,7 +37,6 @@ import re
 import statistics
 
 import layers
-from callgrind import instruction_costs
 
 
 def parts(directory):
@@ -99,9 +98,8 @@ def by_layer(found):
     total = collections.Counter()
     for _, _, files in found:
         for path in files:
-            exe = layers.executable_of(path)
-            for obj, function, _addr, cost in instruction_costs(path):
-                total[layers.layer(obj, function, exe)] += cost
+            for (lay, _function), cost in layers.per_function(path).items():
+                total[lay] += cost
     return ",".join(f"{lay}:{round(total[lay] / len(found))}" for lay in layers.LAYERS)
 
 
