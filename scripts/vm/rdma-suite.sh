@@ -21,7 +21,9 @@
 #     client and the server process, counted by callgrind: ~5 min per device, with its critical path: the instructions from a message's arrival to the next doorbell; both split by layer: scripts/layers.py);
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest: medians over the rounds, each round's ratio (its rpc-bench figure over its own
-#     perftest run) and the median of those ratios, last on the line; then the instructions per call.
+#     perftest run) and the median of those ratios, last on the line (under each mode's raw-transport
+#     line, the RPC layers' share: each round's echo p50 minus raw-transport's, in us); then the
+#     instructions per call.
 #
 # Options:
 #   --timeout SECS  bound on the whole run (setup, builds, VM); default 2700 or $RPC_RDMA_SUITE_TIMEOUT.
@@ -486,6 +488,33 @@ cpu_line() {
     fi
 }
 
+# gap_line DEV CSV RAWCSV MODE: what the RPC layers add to the transport's 32 B round trip: each
+# round's echo p50 minus raw-transport's p50 of the same round, and their median. Both run minutes
+# apart from perftest but seconds apart from each other, so this moves less from round to round
+# than either ratio, and it is what a leaner small-call path cuts (with each side's critical path,
+# below, in instructions).
+gap_line() {
+    local dev="$1" round bench p50 raw gaps=() mid per
+    for ((round = 1; round <= ROUNDS; round++)); do
+        bench="$(round_dir "$dev" "$round")/bench"
+        p50="$(csv_field "$bench/$2" p50_us echo 32)"
+        raw="$(csv_field "$bench/$3" p50_us echo 32)"
+        if [[ -n "$p50" && -n "$raw" ]]; then
+            gaps+=("$(awk -v a="$p50" -v b="$raw" 'BEGIN { printf "%.1f", a - b }')")
+        else
+            gaps+=(-)
+        fi
+    done
+    mid="$(median "${gaps[@]}")"
+    per="$(printf '%s ' "${gaps[@]}")"
+    if [[ -z "$mid" ]]; then
+        printf '    %-36s %14s\n' "RPC layers' share ($4)" missing
+    else
+        printf '    %-36s %8.1f %-5s  %-44s %s\n' "RPC layers' share ($4)" "$mid" us \
+            "echo - raw transport, same round" "(${per% })"
+    fi
+}
+
 # echo_ratio_line DEV CSV KEY LABEL REFLABEL: the 32 B echo p50 of CSV in each round next to twice
 # perftest's KEY of the same round, as a point_line.
 echo_ratio_line() {
@@ -517,6 +546,7 @@ bench_table() {
         echo_ratio_line "$dev" "$csv" "$key" "echo 32 B p50 RTT ($mode)" "2 x $tool t_typical [us]"
         cpu_line "$dev" "$csv" "$mode"
         echo_ratio_line "$dev" "$raw" "$key" "raw transport 32 B p50 RTT ($mode)" "2 x $tool t_typical [us]"
+        gap_line "$dev" "$csv" "$raw" "$mode"
     done
     for run in download upload download-pipelined upload-pipelined; do
         w="${run%-pipelined}"
