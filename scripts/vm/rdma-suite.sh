@@ -374,9 +374,10 @@ perftest_field() {
 }
 
 # The median of the numbers given, "-" (no figure) skipped (the mean of the middle two for an even
-# count); nothing if none.
+# count); nothing if none (and a status of 0 then too: the summary runs under `set -e`, and a
+# device whose bench points all failed still gets the rest of its summary).
 median() {
-    printf '%s\n' "$@" | grep -v '^-*$' | sort -g |
+    printf '%s\n' "$@" | { grep -v '^-*$' || true; } | sort -g |
         awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
@@ -421,7 +422,7 @@ pool_lines() {
     for policy in PoolKeys PerCallKeys; do
         label="steady state"
         [[ "$policy" == PerCallKeys ]] && label="steady state, per-call keys"
-        n="$(grep -a "\[Rdma, $policy, batch" "$log" 2>/dev/null | tail -n 1 |
+        n="$({ grep -a "\[Rdma, $policy, batch" "$log" 2>/dev/null || true; } | tail -n 1 |
             sed -n 's/.*registrations per call (steady state): \([0-9.]*\).*/\1/p')"
         printf '  registrations per call (%s): %s\n' "$label" "${n:-missing}"
     done
@@ -462,30 +463,44 @@ instructions_line() {
     fi
 }
 
+# per_round DEV CSV_A COL_A CSV_B COL_B OP: for each round, the 32 B echo's COL_A of CSV_A and its
+# COL_B of CSV_B combined by OP (+ or -) to one decimal, one per line; "-" where either is missing.
+per_round() {
+    local dev="$1" round bench a b
+    for ((round = 1; round <= ROUNDS; round++)); do
+        bench="$(round_dir "$dev" "$round")/bench"
+        a="$(csv_field "$bench/$2" "$3" echo 32)"
+        b="$(csv_field "$bench/$4" "$5" echo 32)"
+        if [[ -n "$a" && -n "$b" ]]; then
+            awk -v a="$a" -v b="$b" -v op="$6" 'BEGIN { printf "%.1f\n", op == "-" ? a - b : a + b }'
+        else
+            echo -
+        fi
+    done
+}
+
+# rounds_line LABEL WHAT VALUES...: a line of the bench table for a figure without a perftest
+# counterpart: the median of VALUES (in us), what they are, and each round's.
+rounds_line() {
+    local label="$1" what="$2" mid per
+    shift 2
+    mid="$(median "$@")"
+    per="$(printf '%s ' "$@")"
+    if [[ -z "$mid" ]]; then
+        printf '    %-36s %14s\n' "$label" missing
+    else
+        printf '    %-36s %8.1f %-5s  %-44s %s\n' "$label" "$mid" us "$what" "(${per% })"
+    fi
+}
+
 # cpu_line DEV CSV MODE: the CPU time per call of the client's and the server's process (user and
 # kernel, rpc-bench's cpu columns) of the 32 B echo, their sum's median over the rounds and each
 # round's. Event-driven it is what a call costs the VM's CPUs (about the round trip when both
 # processes share a vCPU); busy-polling it includes the spinning (about one CPU per process).
 cpu_line() {
-    local dev="$1" csv="$2" mode="$3" round bench c s sums=() mid per
-    for ((round = 1; round <= ROUNDS; round++)); do
-        bench="$(round_dir "$dev" "$round")/bench"
-        c="$(csv_field "$bench/$csv" client_cpu_us echo 32)"
-        s="$(csv_field "$bench/$csv" server_cpu_us echo 32)"
-        if [[ -n "$c" && -n "$s" ]]; then
-            sums+=("$(awk -v c="$c" -v s="$s" 'BEGIN { printf "%.1f", c + s }')")
-        else
-            sums+=(-)
-        fi
-    done
-    mid="$(median "${sums[@]}")"
-    per="$(printf '%s ' "${sums[@]}")"
-    if [[ -z "$mid" ]]; then
-        printf '    %-36s %14s\n' "echo 32 B CPU/call c+s ($mode)" missing
-    else
-        printf '    %-36s %8.1f %-5s  %-44s %s\n' "echo 32 B CPU/call c+s ($mode)" "$mid" us \
-            "client + server process" "(${per% })"
-    fi
+    local sums
+    mapfile -t sums < <(per_round "$1" "$2" client_cpu_us "$2" server_cpu_us +)
+    rounds_line "echo 32 B CPU/call c+s ($3)" "client + server process" "${sums[@]}"
 }
 
 # gap_line DEV CSV RAWCSV MODE: what the RPC layers add to the transport's 32 B round trip: each
@@ -494,25 +509,9 @@ cpu_line() {
 # than either ratio, and it is what a leaner small-call path cuts (with each side's critical path,
 # below, in instructions).
 gap_line() {
-    local dev="$1" round bench p50 raw gaps=() mid per
-    for ((round = 1; round <= ROUNDS; round++)); do
-        bench="$(round_dir "$dev" "$round")/bench"
-        p50="$(csv_field "$bench/$2" p50_us echo 32)"
-        raw="$(csv_field "$bench/$3" p50_us echo 32)"
-        if [[ -n "$p50" && -n "$raw" ]]; then
-            gaps+=("$(awk -v a="$p50" -v b="$raw" 'BEGIN { printf "%.1f", a - b }')")
-        else
-            gaps+=(-)
-        fi
-    done
-    mid="$(median "${gaps[@]}")"
-    per="$(printf '%s ' "${gaps[@]}")"
-    if [[ -z "$mid" ]]; then
-        printf '    %-36s %14s\n' "RPC layers' share ($4)" missing
-    else
-        printf '    %-36s %8.1f %-5s  %-44s %s\n' "RPC layers' share ($4)" "$mid" us \
-            "echo - raw transport, same round" "(${per% })"
-    fi
+    local gaps
+    mapfile -t gaps < <(per_round "$1" "$2" p50_us "$3" p50_us -)
+    rounds_line "RPC layers' share ($4)" "echo - raw transport, same round" "${gaps[@]}"
 }
 
 # echo_ratio_line DEV CSV KEY LABEL REFLABEL: the 32 B echo p50 of CSV in each round next to twice
