@@ -123,3 +123,58 @@ async fn slow_completions_still_deliver_correct_answers_and_deadlines_fire() {
     faults.clear();
     assert_eq!(bounded(s.client.size(Bytes::from_static(b"fine"))).await.unwrap(), 4);
 }
+
+/// A service whose `die` kills every connection of its listener from inside its handler, then
+/// answers at once (inline): the answer's post fails on the dead connection.
+#[rpc_core::service]
+trait Doomed {
+    async fn die(&self) -> u64;
+    async fn live(&self) -> u64;
+}
+
+#[derive(Clone)]
+struct DoomedImpl(std::sync::Arc<std::sync::OnceLock<String>>);
+
+impl Doomed for DoomedImpl {
+    async fn die(&self) -> u64 {
+        mem::faults(self.0.get().expect("the listener's name")).kill();
+        7
+    }
+    async fn live(&self) -> u64 {
+        8
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_posted_on_a_connection_its_handler_killed_ends_that_connection_cleanly() {
+    let name_slot = std::sync::Arc::new(std::sync::OnceLock::new());
+    let server = rpc_core::Server::bind(
+        &Kind::Mem.bind_addr(),
+        rpc_core::ServerConfig::default().proto(common::proto()).inline_handlers(true),
+        DoomedServer::new(DoomedImpl(name_slot.clone())),
+    )
+    .await
+    .expect("bind");
+    let addr = server.local_addr().to_string();
+    name_slot.set(name(&addr).to_string()).expect("set once");
+    let connect = || async {
+        DoomedClient::new(
+            Client::connect(&addr, ClientConfig::default().proto(common::proto())).await.unwrap(),
+        )
+    };
+    let client = connect().await;
+    assert_eq!(bounded(client.live()).await.unwrap(), 8);
+    // The handler finishes in its first poll, in the server's driver, which posts its answer at
+    // once (the round's last): the post fails, and the connection ends, typed, without a panic.
+    let r = bounded(client.die()).await;
+    assert!(matches!(r, Err(CallError::Disconnected(_))), "{r:?}");
+    assert!(matches!(bounded(client.live()).await, Err(CallError::Disconnected(_))));
+    // The server carries on: a new connection is served.
+    let fresh = connect().await;
+    assert_eq!(bounded(fresh.live()).await.unwrap(), 8);
+    assert_eq!(server.resources().handlers_running, 0, "no handler left behind");
+    // Every handler ran inline: the path under test (a connection's counters are published as
+    // it goes on, not at each call).
+    common::eventually("three inline handlers counted", || server.stats().handlers_inline >= 3).await;
+    assert_eq!(server.stats().handlers_spawned, 0);
+}

@@ -514,6 +514,12 @@ impl ServerProto {
         self.events.pop_front()
     }
 
+    /// Whether [`Self::poll_event`] has an event to return.
+    #[inline]
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Calls in progress.
     pub fn calls_in_flight(&self) -> usize {
         self.calls.len()

@@ -13,6 +13,12 @@
 //! | `rpc_server_errors_total` | counter | `method`, `kind` (`handler`, `bad_request`, `unknown_method`, `cancelled`, `deadline_exceeded`, ..) |
 //! | `rpc_server_call_duration_seconds` | histogram | `method` |
 //!
+//! A client's call lasts from the stub's call (or [`Client::call`](crate::Client::call)) to its
+//! result. A server's lasts from the request's arrival to its answer: for a handler that finished
+//! at once, in the connection's driver, until the answer was handed to the transport (or, when
+//! other requests of the same batch were still to be answered, until it was made: it leaves with
+//! theirs); for any other, until its handler ended.
+//!
 //! `method` is `"Service.method"`; an id the server does not know is `"unknown"`, and calls made
 //! through [`Client::call`](crate::Client::call) directly (not a generated stub) are `"dynamic"`.
 //!

@@ -308,6 +308,7 @@ impl Acceptor {
             shutdown_flag: self.shutdown.clone(),
             shutdown_waker: None,
             draining: false,
+            post_failed: None,
             stats_slot: self.board.slot(),
             polls: 0,
             boxes: HandlerBoxes::default(),
@@ -364,6 +365,10 @@ impl ResponseEstimates {
         }
     }
 }
+
+/// What a call's report says of its answer: the response's size and path (none for an error),
+/// and the outcome.
+type Answered = (Option<(usize, Path)>, ServerOutcome);
 
 /// A request waiting for its handler to start.
 struct Waiting {
@@ -455,6 +460,9 @@ struct ServerDriver {
     /// The waker `shutdown` was last polled with (it stays registered there).
     shutdown_waker: Option<std::task::Waker>,
     draining: bool,
+    /// Posting the answers of a round from inside it failed ([`ServerDriver::post_answers`]):
+    /// the round ends the connection.
+    post_failed: Option<Fatal>,
     /// This connection's own slot of the server's board: publishing never contends with
     /// other connections.
     stats_slot: StatsSlot,
@@ -602,12 +610,20 @@ impl ServerDriver {
             // to polls it again at once and registers its own waker.
             let mut noop = Context::from_waker(futures::task::noop_waker_ref());
             if let Poll::Ready(caught) = call.span.in_scope(|| fut.poll(&mut noop)) {
+                self.ended_here(permit);
+                self.handlers_inline += 1;
+                let answered = self.answer(call_id, handler_answer(caught));
+                // The last answer of the round goes out now, with the round's others (see
+                // `post_answers`); what is left of the call is done after it, off the way from
+                // the request to its answer: its end is read from the clock afresh, once the
+                // answer is handed to the transport (or queued behind others of the round).
+                self.post_answers();
+                self.scratch.clock.reset();
+                let now = self.scratch.clock.now();
                 // The box, context and pool are kept for the next handler (the box holds
                 // nothing of this one any more).
                 self.spare_handler = self.boxes.give_back(fut);
-                self.ended_here(permit);
-                self.handlers_inline += 1;
-                self.finish_now(call_id, &call, handler_answer(caught));
+                self.close(&call, now, answered);
                 return;
             }
         }
@@ -649,16 +665,59 @@ impl ServerDriver {
         result: Result<Bytes, WireError>,
         now: tokio::time::Instant,
     ) {
-        match &result {
+        let answered = self.answer(call_id, result);
+        self.close(call, now, answered);
+    }
+
+    /// Answers a call whose handler finished; returns what [`ServerDriver::close`] reports of
+    /// the answer.
+    fn answer(&mut self, call_id: u64, result: Result<Bytes, WireError>) -> Answered {
+        let answered = match &result {
             Ok(bytes) => {
-                self.estimates.observe(call.method, bytes.len() as u64);
                 let path =
                     if bytes.len() <= self.proto.eager_limit() { Path::Eager } else { Path::Rendezvous };
-                call.done(&self.names, now, Some((bytes.len(), path)), ServerOutcome::Ok);
+                (Some((bytes.len(), path)), ServerOutcome::Ok)
             }
-            Err(e) => call.done(&self.names, now, None, ServerOutcome::Failed(e.code)),
-        }
+            Err(e) => (None, ServerOutcome::Failed(e.code)),
+        };
         self.proto.respond(call_id, result);
+        answered
+    }
+
+    /// What is left of an answered call: its response size goes into the method's estimate,
+    /// and its end is reported at `now`.
+    fn close(&mut self, call: &CallReport, now: tokio::time::Instant, (response, outcome): Answered) {
+        if let Some((len, _)) = response {
+            self.estimates.observe(call.method, len as u64);
+        }
+        call.done(&self.names, now, response, outcome);
+    }
+
+    /// The failure of a post from inside the round ([`ServerDriver::post_answers`]), once.
+    #[inline]
+    fn post_outcome(&mut self) -> Result<(), Fatal> {
+        // A look before the move: most rounds have nothing here.
+        if self.post_failed.is_some() {
+            if let Some(fatal) = self.post_failed.take() {
+                return Err(fatal);
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts the answers made so far when the one just made is the round's last: no request
+    /// of the round is left to answer (the round's completions were all taken before its
+    /// events) and none waits for a slot. They go out as one batch, as the round's own post
+    /// would send them, and the round's post then finds nothing; the work that remains of the
+    /// call (giving its box back, its report) is done after its answer has left. A failure to
+    /// post ends the connection in this round ([`ServerDriver::poll_round`]).
+    fn post_answers(&mut self) {
+        if self.proto.has_events() || !self.waiting.is_empty() || self.post_failed.is_some() {
+            return;
+        }
+        if let Err(fatal) = driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch) {
+            self.post_failed = Some(fatal);
+        }
     }
 
     /// Takes the state machine's events: a request's handler starts at once if none waits
@@ -748,6 +807,7 @@ impl ServerDriver {
         let mut progressed =
             driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         progressed |= self.run_events(cx);
+        self.post_outcome()?;
         // Results come only from spawned handlers (a spawned handler's entry stays until its
         // result is taken or it is cancelled; a cancelled one's late result waits in the
         // channel, at most one per handler, until the next look, which tells it apart by its
@@ -771,6 +831,8 @@ impl ServerDriver {
         // The answers are out: now the receive their requests came in is replaced.
         driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
         self.publish_waiting();
+        // An answer posted by a later look at the events (after the timers) that failed.
+        self.post_outcome()?;
         Ok(progressed)
     }
 
