@@ -32,6 +32,8 @@ pub(crate) struct DeadlineQueue {
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
     /// The earliest expiry added since [`DeadlineQueue::take_added`] last looked.
     added: Option<Instant>,
+    /// Entries noted by [`DeadlineQueue::defer`], added at the next [`DeadlineQueue::settle`].
+    deferred: Vec<(Instant, u64)>,
 }
 
 impl DeadlineQueue {
@@ -53,11 +55,47 @@ impl DeadlineQueue {
         }
     }
 
+    /// Notes an entry, added to the queue at the next [`DeadlineQueue::settle`] if its call is
+    /// live then. The owner settles before it looks at the queue (its next expiry, what expired,
+    /// what was added), and a driver looks at its timers once the round's messages are out: a
+    /// call answered in the round it arrived in (a handler that finished at once) never enters
+    /// the queue, and a call's entry is added after the message that started it has left, not
+    /// on the way from one message to the next. Notes are bounded like the queue: past
+    /// `2 * live + 64` of them they are settled at once.
+    pub fn defer(&mut self, at: Instant, id: u64, live: usize, is_live: impl Fn(u64, Instant) -> bool) {
+        if self.deferred.len() >= 2 * live + 64 {
+            // `id` is not noted yet (its owner may not be registered yet either).
+            self.settle(live, is_live);
+        }
+        self.deferred.push((at, id));
+    }
+
+    /// Adds the noted entries whose call `is_live` says is still live ([`DeadlineQueue::defer`]).
+    #[inline]
+    pub fn settle(&mut self, live: usize, is_live: impl Fn(u64, Instant) -> bool) {
+        if !self.deferred.is_empty() {
+            self.settle_deferred(live, is_live);
+        }
+    }
+
+    #[inline(never)] // off the look of a driver with nothing noted
+    fn settle_deferred(&mut self, live: usize, is_live: impl Fn(u64, Instant) -> bool) {
+        let mut deferred = std::mem::take(&mut self.deferred);
+        for (at, id) in deferred.drain(..) {
+            if is_live(id, at) {
+                self.push_pruned(at, id, live, &is_live);
+            }
+        }
+        // Its memory is kept for the next notes.
+        self.deferred = deferred;
+    }
+
     /// The earliest expiry added since the last look, if any was: the only way this queue's next
     /// expiry can become earlier (finished calls only make it later). A driver whose timer is
     /// armed no later need not ask for the next expiry again.
     #[inline]
     pub fn take_added(&mut self) -> Option<Instant> {
+        debug_assert!(self.deferred.is_empty(), "settle before looking");
         self.added.take()
     }
 
@@ -94,6 +132,7 @@ impl DeadlineQueue {
 
     /// The earliest expiry of a call for which `live(call_id, at)` holds.
     pub fn next(&mut self, live: impl Fn(u64, Instant) -> bool) -> Option<Instant> {
+        debug_assert!(self.deferred.is_empty(), "settle before looking");
         while let Some(((at, id), from_ordered)) = self.first() {
             if live(id, at) {
                 return Some(at);
@@ -105,6 +144,7 @@ impl DeadlineQueue {
 
     /// Removes and returns the calls whose deadline is at or before `now`, earliest first.
     pub fn expired(&mut self, now: Instant) -> Vec<(u64, Instant)> {
+        debug_assert!(self.deferred.is_empty(), "settle before looking");
         let mut out = Vec::new();
         while let Some(((at, id), from_ordered)) = self.first() {
             if at > now {
@@ -143,6 +183,38 @@ mod tests {
             Some(999_999),
             "the live one survived"
         );
+    }
+
+    #[test]
+    fn deferred_entries_enter_at_the_settle_if_their_call_is_live_and_stay_bounded_without_one() {
+        let now = Instant::now();
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        let mut q = DeadlineQueue::default();
+        let mut live = std::collections::HashSet::new();
+        for id in 0..4u64 {
+            q.defer(at(10 * (id + 1)), id, live.len() + 1, |i, _| live.contains(&i));
+            live.insert(id);
+        }
+        assert_eq!(q.len(), 0, "noted, not added");
+        // Calls 0 and 2 ended before the look: they never enter.
+        live.remove(&0);
+        live.remove(&2);
+        q.settle(live.len(), |i, _| live.contains(&i));
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.take_added(), Some(at(20)), "the earliest of those added");
+        assert_eq!(q.next(|i, _| live.contains(&i)), Some(at(20)));
+        assert_eq!(q.expired(at(40)).into_iter().map(|(id, _)| id).collect::<Vec<_>>(), [1, 3]);
+        // Notes never settled by their owner stay bounded by the calls live: the oldest are
+        // settled (dropped when their call ended) as new ones come.
+        let mut live = std::collections::HashSet::new();
+        for id in 100..100_000u64 {
+            live.remove(&(id - 1));
+            q.defer(at(1_000), id, live.len() + 1, |i, _| live.contains(&i));
+            live.insert(id);
+            assert!(q.deferred.len() <= 2 * live.len() + 64 && q.len() <= 2 * live.len() + 65);
+        }
+        q.settle(live.len(), |i, _| live.contains(&i));
+        assert_eq!(q.next(|i, _| live.contains(&i)), Some(at(1_000)));
     }
 
     #[test]

@@ -205,7 +205,7 @@ impl ServerProto {
         if let Some(at) = deadline {
             let calls = &self.calls;
             let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
-            self.deadlines.push_pruned(at, call_id, calls.len() + 1, live);
+            self.deadlines.defer(at, call_id, calls.len() + 1, live);
         }
         let mut call = Call {
             method: header.method_id,
@@ -438,6 +438,7 @@ impl ServerProto {
     /// response is sent: the client's deadline has passed too), and checks keepalive and the
     /// READ and done timeouts. An error is fatal: close the connection.
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), ProtoError> {
+        self.settle_deadlines();
         for (call_id, at) in self.deadlines.expired(now) {
             if self.calls.get(&call_id).is_some_and(|c| c.deadline == Some(at)) {
                 self.on_cancel(call_id, CancelReason::DeadlineExceeded);
@@ -452,14 +453,24 @@ impl ServerProto {
     /// has not fired) need not ask for it again.
     #[inline]
     pub fn take_added_timeout(&mut self) -> Option<Instant> {
+        self.settle_deadlines();
         earliest(self.deadlines.take_added(), self.link.take_added_timeout())
     }
 
     /// When [`ServerProto::handle_timeout`] must next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
+        self.settle_deadlines();
         let calls = &self.calls;
         let call = self.deadlines.next(|id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)));
         earliest(call, self.link.next_timeout())
+    }
+
+    /// Adds the deadlines of calls started since the last look that are still in progress (see
+    /// `DeadlineQueue::defer`).
+    #[inline]
+    fn settle_deadlines(&mut self) {
+        let calls = &self.calls;
+        self.deadlines.settle(calls.len(), |id, at| calls.get(&id).is_some_and(|c| c.deadline == Some(at)));
     }
 
     /// Stops taking new calls (they are answered `ShuttingDown`); calls in progress go on.
