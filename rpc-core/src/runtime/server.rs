@@ -707,12 +707,17 @@ impl ServerDriver {
 
     /// Posts the answers made so far when the one just made is the round's last: no request
     /// of the round is left to answer (the round's completions were all taken before its
-    /// events) and none waits for a slot. They go out as one batch, as the round's own post
-    /// would send them, and the round's post then finds nothing; the work that remains of the
-    /// call (giving its box back, its report) is done after its answer has left. A failure to
-    /// post ends the connection in this round ([`ServerDriver::poll_round`]).
+    /// events), none waits for a slot, and no spawned handler runs (whose result this round
+    /// may still take). They go out as one batch, as the round's own post would send them, and
+    /// the round's post then finds nothing; the work that remains of the call (giving its box
+    /// back, its report) is done after its answer has left. A failure to post ends the
+    /// connection in this round ([`ServerDriver::poll_round`]).
     fn post_answers(&mut self) {
-        if self.proto.has_events() || !self.waiting.is_empty() || self.post_failed.is_some() {
+        if self.proto.has_events()
+            || !self.waiting.is_empty()
+            || !self.handlers.is_empty()
+            || self.post_failed.is_some()
+        {
             return;
         }
         if let Err(fatal) = driver::post_ops(self.conn.as_mut(), &mut self.proto, &mut self.scratch) {
