@@ -164,6 +164,21 @@ pub(crate) struct Completer<'a> {
 }
 
 impl Completer<'_> {
+    /// Frees call `call_id`'s slot for a result handed to its caller directly (the caller runs
+    /// the pass that ended the call). Returns whether the call was waiting: a caller that has
+    /// gone gets nothing.
+    pub(crate) fn take(&mut self, call_id: u64) -> bool {
+        let Some(inner) = self.inner.as_mut() else { return false };
+        let Some(key) = key_of(call_id) else { return false };
+        match inner.slots.get(key) {
+            Some(Slot::Waiting { call_id: id, .. }) if *id == call_id => {
+                inner.slots.remove(key);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// [`CallSlots::complete`], the caller woken when the batch ends.
     pub(crate) fn complete(&mut self, call_id: u64, result: CallResult, at: Instant, wake: bool) -> bool {
         let Some(inner) = self.inner.as_mut() else { return false };
@@ -272,6 +287,27 @@ mod tests {
                 other => panic!("expected the result, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_result_handed_to_its_caller_directly_frees_the_slot_without_a_wake() {
+        let slots = CallSlots::default();
+        let (wakes, waker) = CountWakes::waker();
+        let id = slots.open().unwrap();
+        assert!(slots.poll_result(id, &mut Context::from_waker(&waker)).is_pending());
+        let gone = slots.open().unwrap();
+        assert!(slots.abandon(gone));
+        let mut wakers = Vec::new();
+        let mut batch = slots.completer(&mut wakers);
+        assert!(batch.take(id), "a waiting call's slot is taken");
+        assert!(!batch.take(id), "and only once");
+        assert!(!batch.take(gone), "a caller that has gone gets nothing");
+        drop(batch);
+        assert_eq!(wakes.count(), 0, "its caller is not woken: it runs the pass");
+        assert_eq!(slots.lock().slots.len(), 0, "the slot is free");
+        let next = slots.open().unwrap();
+        assert_eq!(key_of(next), key_of(id), "and reused");
+        assert!(!slots.complete(id, ok(1), Instant::now(), true), "no later result reaches it");
     }
 
     #[test]

@@ -114,9 +114,10 @@ impl Conn {
 
     /// One pass over the connection (the driver's work) by the caller of call `call_id`, which
     /// drives it: what the pass posts, receives and arms wakes this task through the route.
-    fn drive(&self, call_id: u64, cx: &mut Context<'_>) {
-        let Some(engine) = self.engine.as_ref().and_then(Weak::upgrade) else { return };
-        let Some(mut state) = engine.try_lock() else { return };
+    /// Returns the call's result if the pass ended it (handed over here, not through its slot).
+    fn drive(&self, call_id: u64, cx: &mut Context<'_>) -> Option<(CallResult, tokio::time::Instant)> {
+        let engine = self.engine.as_ref().and_then(Weak::upgrade)?;
+        let mut state = engine.try_lock()?;
         self.route.caller_pass(call_id, cx.waker());
         state.quiet = Some(call_id);
         state.caller_passes += 1;
@@ -125,6 +126,7 @@ impl Conn {
             state.pass(&mut Context::from_waker(&engine.waker))
         };
         state.quiet = None;
+        let answer = state.quiet_answer.take();
         let cut_short = state.cut_short();
         drop(state);
         if cut_short || ended.is_ready() {
@@ -139,11 +141,13 @@ impl Conn {
             self.route.wake_task();
         }
         self.route.released();
+        answer
     }
 
     /// The caller's poll of call `call_id`: a pass over the connection first when it drives,
     /// unless the call's start left the connection `armed` ([`Conn::start_here`]) and no
-    /// wake-up came since (the first poll only).
+    /// wake-up came since (the first poll only). A pass that ends the call hands its result
+    /// over.
     fn poll_call(
         &self,
         call_id: u64,
@@ -152,7 +156,9 @@ impl Conn {
         cx: &mut Context<'_>,
     ) -> Poll<(CallResult, tokio::time::Instant)> {
         if driving && !(armed && self.route.caller_arm(call_id, cx.waker())) {
-            self.drive(call_id, cx);
+            if let Some(answer) = self.drive(call_id, cx) {
+                return Poll::Ready(answer);
+            }
         }
         self.slots.poll_result(call_id, cx)
     }
@@ -437,6 +443,7 @@ async fn open(
         closing: false,
         finished: false,
         quiet: None,
+        quiet_answer: None,
         idle_armed: false,
         may_cut_short: info.idle_poll_is_costly,
         route: route.clone(),
@@ -522,8 +529,10 @@ struct ClientDriver {
     /// The driver has ended (failed or closed): every further pass returns at once.
     finished: bool,
     /// The call whose caller runs this pass: its result is delivered without waking it (it
-    /// looks at its slot after the pass).
+    /// takes it from `quiet_answer` after the pass).
     quiet: Option<u64>,
+    /// The result of the `quiet` call, if this pass ended it.
+    quiet_answer: Option<(CallResult, tokio::time::Instant)>,
     /// The last pass ended in a round that found nothing to do: the transport, the timer and
     /// the command queue hold the route's waker, and nothing ran on this state since (cleared
     /// when a pass begins and by [`Conn::start_here`], which takes it).
@@ -630,11 +639,18 @@ impl ClientDriver {
             let ClientEvent::Completed { call_id, result, info } = event;
             // This wake-up's reading (taken already to handle the response that ended the call).
             let at = self.scratch.clock.now();
-            // A caller that has gone (its cancel not yet taken) gets nothing; one running this
-            // pass looks at its slot after it.
-            let wake = self.quiet != Some(call_id);
-            self.answered_quiet |= !wake;
-            slots.complete(call_id, result.map(|b| (b, info)).map_err(call_error), at, wake);
+            // A caller that has gone (its cancel not yet taken) gets nothing; the one running
+            // this pass gets its result handed over when the pass ends (its slot is freed here:
+            // no second look at it).
+            let result = result.map(|b| (b, info)).map_err(call_error);
+            if self.quiet == Some(call_id) {
+                self.answered_quiet = true;
+                if slots.take(call_id) {
+                    self.quiet_answer = Some((result, at));
+                }
+            } else {
+                slots.complete(call_id, result, at, true);
+            }
             if !std::mem::replace(&mut self.ended_in_pass, true) {
                 self.ended_together = 0;
             }
