@@ -109,13 +109,13 @@ impl CallSlots {
 
     /// The driver's side: delivers `result` to call `call_id` at `at` (the driver's clock
     /// reading of this wake-up: the caller's metrics take the call's end from it instead of
-    /// reading the clock again) and, if `wake`, wakes its caller (not when the caller itself runs
-    /// the pass that delivers it: it looks at its slot next). Returns false if the caller has
-    /// gone (its slot was given back).
-    pub(crate) fn complete(&self, call_id: u64, result: CallResult, at: Instant, wake: bool) -> bool {
+    /// reading the clock again) and wakes its caller (a caller that runs the pass that ends its
+    /// call gets the result handed over instead: [`Completer::take`]). Returns false if the
+    /// caller has gone (its slot was given back).
+    pub(crate) fn complete(&self, call_id: u64, result: CallResult, at: Instant) -> bool {
         let mut wakers = Vec::new();
         let mut slots = self.completer(&mut wakers);
-        slots.complete(call_id, result, at, wake)
+        slots.complete(call_id, result, at)
     }
 
     /// Delivers several results under one lock ([`Completer::complete`] each); their callers
@@ -180,14 +180,14 @@ impl Completer<'_> {
     }
 
     /// [`CallSlots::complete`], the caller woken when the batch ends.
-    pub(crate) fn complete(&mut self, call_id: u64, result: CallResult, at: Instant, wake: bool) -> bool {
+    pub(crate) fn complete(&mut self, call_id: u64, result: CallResult, at: Instant) -> bool {
         let Some(inner) = self.inner.as_mut() else { return false };
         let Some(slot) = key_of(call_id).and_then(|k| inner.slots.get_mut(k)) else { return false };
         match slot {
             Slot::Waiting { call_id: id, waker } if *id == call_id => {
                 let waker = waker.take();
                 *slot = Slot::Done { call_id, result, at };
-                self.wakers.extend(waker.filter(|_| wake));
+                self.wakers.extend(waker);
                 true
             }
             _ => false,
@@ -224,7 +224,7 @@ mod tests {
         assert_ne!(id, 0);
         assert!(slots.poll_result(id, &mut cx).is_pending());
         let at = Instant::now() + std::time::Duration::from_secs(5);
-        assert!(slots.complete(id, ok(7), at, true));
+        assert!(slots.complete(id, ok(7), at));
         assert_eq!(wakes.count(), 1, "the caller was woken");
         match slots.poll_result(id, &mut cx) {
             Poll::Ready((Ok((b, _)), when)) => {
@@ -234,7 +234,7 @@ mod tests {
             other => panic!("expected the result, got {other:?}"),
         }
         assert_eq!(slots.lock().slots.len(), 0, "the slot is free");
-        assert!(!slots.complete(id, ok(8), Instant::now(), true), "a finished call takes no second result");
+        assert!(!slots.complete(id, ok(8), Instant::now()), "a finished call takes no second result");
     }
 
     #[test]
@@ -246,11 +246,11 @@ mod tests {
         assert_eq!(key_of(first), key_of(second), "the slot is reused");
         assert_ne!(first, second);
         assert!(
-            !slots.complete(first, ok(1), Instant::now(), true),
+            !slots.complete(first, ok(1), Instant::now()),
             "the old call's result does not reach the new one"
         );
         assert!(!slots.abandon(first));
-        assert!(slots.complete(second, ok(2), Instant::now(), true));
+        assert!(slots.complete(second, ok(2), Instant::now()));
         assert!(!slots.abandon(second), "already done: nothing to cancel");
     }
 
@@ -270,19 +270,19 @@ mod tests {
         assert!(slots.abandon(gone));
         let mut wakers = Vec::new();
         let mut batch = slots.completer(&mut wakers);
-        assert!(batch.complete(ids[0], ok(0), Instant::now(), true));
-        // The caller that runs the pass itself is not woken.
-        assert!(batch.complete(ids[1], ok(1), Instant::now(), false));
-        assert!(batch.complete(ids[2], ok(2), Instant::now(), true));
-        assert!(!batch.complete(gone, ok(9), Instant::now(), true), "a caller that has gone gets nothing");
+        assert!(batch.complete(ids[0], ok(0), Instant::now()));
+        // The caller that runs the pass itself is not woken: its result is handed over.
+        assert!(batch.take(ids[1]));
+        assert!(batch.complete(ids[2], ok(2), Instant::now()));
+        assert!(!batch.complete(gone, ok(9), Instant::now()), "a caller that has gone gets nothing");
         assert!(slots.inner.try_lock().is_none(), "the whole batch under one lock");
         assert_eq!(callers.iter().map(|(w, _)| w.count()).sum::<usize>(), 0, "nobody woken under the lock");
         drop(batch);
         let woken: Vec<usize> = callers.iter().map(|(w, _)| w.count()).collect();
         assert_eq!(woken, [1, 0, 1]);
         assert!(wakers.is_empty(), "the driver's list is left empty for the next batch");
-        for (n, (id, (_, waker))) in ids.iter().zip(&callers).enumerate() {
-            match slots.poll_result(*id, &mut Context::from_waker(waker)) {
+        for n in [0, 2] {
+            match slots.poll_result(ids[n], &mut Context::from_waker(&callers[n].1)) {
                 Poll::Ready((Ok((b, _)), _)) => assert_eq!(&b[..], &[n as u8]),
                 other => panic!("expected the result, got {other:?}"),
             }
@@ -307,7 +307,7 @@ mod tests {
         assert_eq!(slots.lock().slots.len(), 0, "the slot is free");
         let next = slots.open().unwrap();
         assert_eq!(key_of(next), key_of(id), "and reused");
-        assert!(!slots.complete(id, ok(1), Instant::now(), true), "no later result reaches it");
+        assert!(!slots.complete(id, ok(1), Instant::now()), "no later result reaches it");
     }
 
     #[test]
@@ -318,7 +318,7 @@ mod tests {
         let waiting = slots.open().unwrap();
         let done = slots.open().unwrap();
         assert!(slots.poll_result(waiting, &mut cx).is_pending());
-        assert!(slots.complete(done, ok(3), Instant::now(), true));
+        assert!(slots.complete(done, ok(3), Instant::now()));
         slots.close("gone".into());
         assert_eq!(wakes.count(), 1);
         match slots.poll_result(waiting, &mut cx) {

@@ -598,7 +598,7 @@ impl ClientDriver {
                             Some(left) if !left.is_zero() => (Some(left), now),
                             _ => {
                                 // Passed before it was sent: it is not sent.
-                                self.slots.complete(call_id, Err(CallError::DeadlineExceeded), now, true);
+                                self.slots.complete(call_id, Err(CallError::DeadlineExceeded), now);
                                 return;
                             }
                         }
@@ -606,7 +606,7 @@ impl ClientDriver {
                 };
                 if let Err(e) = self.proto.start(call_id, method, payload, metadata, timeout, now.into_std())
                 {
-                    self.slots.complete(call_id, Err(start_error(e)), now, true);
+                    self.slots.complete(call_id, Err(start_error(e)), now);
                 }
             }
             Command::Cancel { call_id } => {
@@ -649,7 +649,7 @@ impl ClientDriver {
                     self.quiet_answer = Some((result, at));
                 }
             } else {
-                slots.complete(call_id, result, at, true);
+                slots.complete(call_id, result, at);
             }
             if !std::mem::replace(&mut self.ended_in_pass, true) {
                 self.ended_together = 0;
