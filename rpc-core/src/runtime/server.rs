@@ -409,8 +409,8 @@ impl CallReport {
         response: Option<(usize, Path)>,
         outcome: ServerOutcome,
     ) {
-        let elapsed = now.saturating_duration_since(self.arrived);
         let name = names.get(self.name);
+        let elapsed = observe::Elapsed::between(self.arrived, now);
         observe::server_call_done(&self.span, name, self.request_bytes, response, elapsed, outcome);
     }
 }
