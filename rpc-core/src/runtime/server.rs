@@ -401,16 +401,17 @@ struct CallReport {
 }
 
 impl CallReport {
-    /// Reports the call's end at `now` (read once per batch of events by the caller).
+    /// Reports the call's end at `ended` (read once per batch of events by the caller), or as
+    /// the report is made (`None`: the clock is read only if something records the duration).
     fn done(
         &self,
         names: &MethodTable,
-        now: tokio::time::Instant,
+        ended: Option<tokio::time::Instant>,
         response: Option<(usize, Path)>,
         outcome: ServerOutcome,
     ) {
         let name = names.get(self.name);
-        let elapsed = observe::Elapsed::between(self.arrived, now);
+        let elapsed = observe::Elapsed::between(self.arrived, ended);
         observe::server_call_done(&self.span, name, self.request_bytes, response, elapsed, outcome);
     }
 }
@@ -570,7 +571,7 @@ impl ServerDriver {
             Err(e) => {
                 // Answered at once, without a handler (the slot goes back when `permit` drops).
                 let err = WireError::new(WireErrorCode::BadRequest, format!("metadata: {e}"));
-                call.done(&self.names, arrived, None, ServerOutcome::Failed(err.code));
+                call.done(&self.names, Some(arrived), None, ServerOutcome::Failed(err.code));
                 self.proto.respond(call_id, Err(err));
                 return;
             }
@@ -615,15 +616,15 @@ impl ServerDriver {
                 let answered = self.answer(call_id, handler_answer(caught));
                 // The last answer of the round goes out now, with the round's others (see
                 // `post_answers`); what is left of the call is done after it, off the way from
-                // the request to its answer: its end is read from the clock afresh, once the
-                // answer is handed to the transport (or queued behind others of the round).
+                // the request to its answer: its end is the time of its report, once the answer
+                // is handed to the transport (or queued behind others of the round). User code
+                // ran: the driver's reading of the clock is stale.
                 self.post_answers();
                 self.scratch.clock.reset();
-                let now = self.scratch.clock.now();
                 // The box, context and pool are kept for the next handler (the box holds
                 // nothing of this one any more).
                 self.spare_handler = self.boxes.give_back(fut);
-                self.close(&call, now, answered);
+                self.close(&call, None, answered);
                 return;
             }
         }
@@ -649,24 +650,23 @@ impl ServerDriver {
         self.spare_slot = Some(permit);
     }
 
-    /// Answers a call whose handler ran here, in the driver: its end is read from the clock
-    /// afresh.
+    /// Answers a call whose handler ran here, in the driver: its end is the time of its report
+    /// (user code ran: the driver's reading of the clock is stale).
     fn finish_now(&mut self, call_id: u64, call: &CallReport, result: Result<Bytes, WireError>) {
         self.scratch.clock.reset();
-        let now = self.scratch.clock.now();
-        self.finish(call_id, call, result, now);
+        self.finish(call_id, call, result, None);
     }
 
-    /// Answers a call whose handler finished, and reports its end.
+    /// Answers a call whose handler finished, and reports its end (see [`CallReport::done`]).
     fn finish(
         &mut self,
         call_id: u64,
         call: &CallReport,
         result: Result<Bytes, WireError>,
-        now: tokio::time::Instant,
+        ended: Option<tokio::time::Instant>,
     ) {
         let answered = self.answer(call_id, result);
-        self.close(call, now, answered);
+        self.close(call, ended, answered);
     }
 
     /// Answers a call whose handler finished; returns what [`ServerDriver::close`] reports of
@@ -685,12 +685,17 @@ impl ServerDriver {
     }
 
     /// What is left of an answered call: its response size goes into the method's estimate,
-    /// and its end is reported at `now`.
-    fn close(&mut self, call: &CallReport, now: tokio::time::Instant, (response, outcome): Answered) {
+    /// and its end is reported (see [`CallReport::done`]).
+    fn close(
+        &mut self,
+        call: &CallReport,
+        ended: Option<tokio::time::Instant>,
+        (response, outcome): Answered,
+    ) {
         if let Some((len, _)) = response {
             self.estimates.observe(call.method, len as u64);
         }
-        call.done(&self.names, now, response, outcome);
+        call.done(&self.names, ended, response, outcome);
     }
 
     /// The failure of a post from inside the round ([`ServerDriver::post_answers`]), once.
@@ -753,7 +758,7 @@ impl ServerDriver {
                             CancelReason::Cancelled => ServerOutcome::Cancelled,
                             CancelReason::DeadlineExceeded => ServerOutcome::DeadlineExceeded,
                         };
-                        running.call.done(&self.names, self.scratch.clock.now(), None, outcome);
+                        running.call.done(&self.names, Some(self.scratch.clock.now()), None, outcome);
                     } else if let Some(i) = self.waiting.iter().position(|w| w.call_id == call_id) {
                         tracing::debug!(call_id, ?reason, "dropping a request that waited for a handler");
                         self.waiting.remove(i);
@@ -776,8 +781,9 @@ impl ServerDriver {
             if let Entry::Occupied(entry) = self.handlers.entry(call_id) {
                 if entry.get().spawn == spawn {
                     let running = entry.remove();
+                    // One reading of the clock for all the results of this wake-up.
                     let now = self.scratch.clock.now();
-                    self.finish(call_id, &running.call, result, now);
+                    self.finish(call_id, &running.call, result, Some(now));
                 }
             }
         }
@@ -860,7 +866,7 @@ impl ServerDriver {
         self.publish_stats();
         for (_, running) in self.handlers.drain() {
             running.abort.abort();
-            running.call.done(&self.names, tokio::time::Instant::now(), None, ServerOutcome::Disconnected);
+            running.call.done(&self.names, None, None, ServerOutcome::Disconnected);
         }
         self.drop_waiting();
         self.proto.fail_all();

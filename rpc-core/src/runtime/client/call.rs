@@ -93,7 +93,7 @@ impl Finish {
     /// Reports the call's end at `ended`.
     fn report(&mut self, result: &CallResult, ended: tokio::time::Instant) {
         self.reported = true;
-        let elapsed = observe::Elapsed::between(self.started, ended);
+        let elapsed = observe::Elapsed::between(self.started, Some(ended));
         observe::client_call_done(&self.span, self.name, self.request_bytes, elapsed, result);
     }
 }
@@ -101,7 +101,7 @@ impl Finish {
 impl Drop for Finish {
     fn drop(&mut self) {
         if !self.reported {
-            let elapsed = observe::Elapsed::between(self.started, tokio::time::Instant::now());
+            let elapsed = observe::Elapsed::between(self.started, None);
             observe::client_call_dropped(&self.span, self.name, self.request_bytes, elapsed);
         }
     }
