@@ -69,38 +69,64 @@ fn gathers(len: usize, gathered: usize) -> bool {
 }
 
 /// Writes the SEND frames of `msgs` (at most [`DIRECT_BATCH`]) in one vectored, non-blocking
-/// write, laid out by [`gather`] in this thread's gather buffer. Returns the bytes written: 0 if
-/// the socket would block or failed.
+/// write, copied by [`copy_pieces`] into this thread's gather buffer and, unless it is all
+/// there, laid out by [`lay_out`]. Returns the bytes written: 0 if the socket would block or
+/// failed.
 fn write_gathered<'m, const N: usize>(
     stream: &OwnedWriteHalf,
     msgs: impl Iterator<Item = &'m SendBuf> + Clone,
 ) -> usize {
     GATHER.with_borrow_mut(|buf| {
-        let (slices, n) = gather::<N>(buf, msgs);
-        stream.try_write_vectored(&slices[..n]).unwrap_or(0)
+        let written = match copy_pieces(buf, msgs.clone()) {
+            // Small frames only (the usual batch): the buffer is the write, not laid out again.
+            true => stream.try_write(buf),
+            false => {
+                let (slices, n) = lay_out::<N>(buf, msgs);
+                stream.try_write_vectored(&slices[..n])
+            }
+        };
+        written.unwrap_or(0)
     })
 }
 
-/// Lays out the SEND frames of `msgs` for one vectored write: each frame's header and its small
-/// pieces copied into `buf`, larger pieces from where they lie, so that a run of small frames
-/// is one `iovec`. Returns the `iovec`s and how many are used. `N` bounds them: two per frame (a
-/// run of copied bytes, then the frame's one piece of its own: see [`gathers`]) and one. Should
-/// a layout need more, it covers the frames up to the piece that does not fit (the caller
-/// queues the rest for the writer).
+/// [`copy_pieces`], then [`lay_out`], as a write that is not all copied does.
+#[cfg(test)]
 fn gather<'a, 'm: 'a, const N: usize>(
     buf: &'a mut Vec<u8>,
     msgs: impl Iterator<Item = &'m SendBuf> + Clone,
 ) -> ([IoSlice<'a>; N], usize) {
+    copy_pieces(buf, msgs.clone());
+    lay_out(buf, msgs)
+}
+
+/// Copies each SEND frame's header and its small pieces (see [`gathers`]) into `buf`. Returns
+/// whether every piece was copied: then `buf` holds the frames whole, back to back.
+fn copy_pieces<'m>(buf: &mut Vec<u8>, msgs: impl Iterator<Item = &'m SendBuf>) -> bool {
     buf.clear();
-    for msg in msgs.clone() {
+    let mut all = true;
+    for msg in msgs {
         buf.extend_from_slice(&wire::encode_send(msg.len() as u32));
         for part in msg.parts() {
             if gathers(part.len(), buf.len()) {
                 buf.extend_from_slice(part);
+            } else {
+                all = false;
             }
         }
     }
-    let buf = &*buf;
+    all
+}
+
+/// Lays out the SEND frames of `msgs` for one vectored write, their headers and small pieces
+/// copied into `buf` by [`copy_pieces`] and larger pieces from where they lie, so that a run of
+/// small frames is one `iovec`. Returns the `iovec`s and how many are used. `N` bounds them: two
+/// per frame (a run of copied bytes, then the frame's one piece of its own: see [`gathers`]) and
+/// one. Should a layout need more, it covers the frames up to the piece that does not fit (the
+/// caller queues the rest for the writer).
+fn lay_out<'a, 'm: 'a, const N: usize>(
+    buf: &'a [u8],
+    msgs: impl Iterator<Item = &'m SendBuf>,
+) -> ([IoSlice<'a>; N], usize) {
     let mut slices = [IoSlice::new(&[]); N];
     let (mut n, mut run, mut at) = (0, 0, 0);
     'frames: for msg in msgs {
@@ -714,6 +740,28 @@ mod tests {
         assert_eq!(laid_out(&slices[..n]), encoded(&many));
         assert!(n > 1 && n <= 2 * DIRECT_BATCH + 1);
         assert!(buf.len() <= GATHER_MAX + DIRECT_BATCH * (1 + wire::SEND_HEADER + MAX_HEAD));
+    }
+
+    #[test]
+    fn a_batch_copied_whole_is_written_as_its_buffer_and_any_other_is_laid_out() {
+        let mut buf = Vec::new();
+        let small = sends(DIRECT_BATCH, 80);
+        assert!(copy_pieces(&mut buf, small.iter().map(|(_, m)| m)), "small frames are copied whole");
+        assert_eq!(buf, encoded(&small), "the buffer is the batch's bytes");
+        let (slices, n) = lay_out::<{ 2 * DIRECT_BATCH + 1 }>(&buf, small.iter().map(|(_, m)| m));
+        assert_eq!((n, slices[0].len()), (1, buf.len()), "the layout would be the buffer alone");
+        // One piece written from where it lies: not whole.
+        let mut mixed = sends(2, 80);
+        mixed.push((2, SendBuf::from(vec![9u8; COPY_MAX + 1])));
+        assert!(!copy_pieces(&mut buf, mixed.iter().map(|(_, m)| m)));
+        let (slices, n) = lay_out::<{ 2 * DIRECT_BATCH + 1 }>(&buf, mixed.iter().map(|(_, m)| m));
+        assert_eq!(n, 2);
+        assert_eq!(laid_out(&slices[..n]), encoded(&mixed));
+        // Empty frames are whole too.
+        let empty: Vec<(usize, SendBuf)> =
+            vec![(0, SendBuf::from(Vec::new())), (1, SendBuf::from(Vec::new()))];
+        assert!(copy_pieces(&mut buf, empty.iter().map(|(_, m)| m)));
+        assert_eq!(buf, encoded(&empty));
     }
 
     #[test]
