@@ -296,15 +296,20 @@ impl Connection for TcpConnection {
         // moved to a second list first: two moves of a 96-byte SEND each, about 30 instructions
         // a SEND).
         let TcpConnection { soft, out, direct_unpolled, info, .. } = self;
-        let first_bad =
-            sends.iter().enumerate().find_map(|(i, (_, msg))| check_size(info, msg).err().map(|e| (i, e)));
-        let checked = match first_bad {
-            Some((i, err)) => {
-                sends.truncate(i);
-                Err(err)
+        // The SENDs' sizes checked and added up in one pass.
+        let (max, mut payload, mut checked) = (info.peer_recv_size as usize, 0, Ok(()));
+        for (i, (_, msg)) in sends.iter().enumerate() {
+            let len = msg.len();
+            if len > max {
+                checked = Err((i, TransportError::MessageTooLarge { len, max }));
+                break;
             }
-            None => Ok(()),
-        };
+            payload += len;
+        }
+        let checked = checked.map_err(|(i, err)| {
+            sends.truncate(i);
+            err
+        });
         if !sends.is_empty() {
             if let Err(dead) = soft.begin_direct_sends(sends.len() as u64) {
                 sends.clear();
@@ -312,7 +317,7 @@ impl Connection for TcpConnection {
             }
         }
         // The SENDs the writer takes leave `sends`; those written stay, to be reported.
-        out.send_batch_now(sends, |&wr_id| soft.record_direct_send(wr_id));
+        out.send_batch_now(sends, payload, |&wr_id| soft.record_direct_send(wr_id));
         if !sends.is_empty() {
             *direct_unpolled = true;
         }

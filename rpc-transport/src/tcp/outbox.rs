@@ -330,14 +330,16 @@ impl Outbox {
     /// for the writer, in order (all of them when the writer is busy, the socket would block or
     /// the batch is too large), each as the pending operation `record` returns for its tag `T`
     /// (as in [`Outbox::send_now`]: called for those only, under the queue's lock; `None` drops
-    /// the frame).
+    /// the frame). `payload` is the frames' payloads' size in all (the caller added them up as
+    /// it checked them).
     pub(crate) fn send_batch_now<T>(
         &self,
         frames: &mut Vec<(T, SendBuf)>,
+        payload: usize,
         mut record: impl FnMut(&T) -> Option<OpId>,
     ) {
+        debug_assert_eq!(payload, frames.iter().map(|(_, msg)| msg.len()).sum::<usize>());
         let state = self.inner.lock();
-        let payload = frames.iter().map(|(_, msg)| msg.len()).sum::<usize>();
         let fits = frames.len() <= DIRECT_BATCH && payload <= DIRECT_MAX;
         let written = match &self.inner.stream {
             Some(stream) if !state.busy && fits => {
@@ -585,6 +587,10 @@ mod tests {
 
     /// SEND frames tagged with their index, payloads of `len` bytes of the index's value: in one
     /// piece for even indices, a head and a body (`SendBuf::Headed`) for odd ones.
+    fn batch_len(batch: &[(usize, SendBuf)]) -> usize {
+        batch.iter().map(|(_, msg)| msg.len()).sum()
+    }
+
     fn sends(count: usize, len: usize) -> Vec<(usize, SendBuf)> {
         let msg = |i: usize| match i % 2 {
             0 => SendBuf::from(vec![i as u8; len]),
@@ -647,7 +653,8 @@ mod tests {
         let (out, mut rx, mut peer) = socket_outbox(None).await;
         let mut batch = sends(5, 40);
         let expected = encoded(&batch);
-        out.send_batch_now(&mut batch, op_of);
+        let payload = batch_len(&batch);
+        out.send_batch_now(&mut batch, payload, op_of);
         assert_eq!(batch.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 1, 2, 3, 4], "all written");
         assert!(!out.inner.lock().busy, "nothing for the writer");
         assert!(rx.try_recv().is_none());
@@ -661,7 +668,8 @@ mod tests {
         out.queue(window(9)).unwrap();
         let mut batch = sends(3, 8);
         let expected = encoded(&batch);
-        out.send_batch_now(&mut batch, op_of);
+        let payload = batch_len(&batch);
+        out.send_batch_now(&mut batch, payload, op_of);
         assert!(batch.is_empty(), "nothing written");
         let mut got = Vec::new();
         let mut cx = Context::from_waker(Waker::noop());
@@ -672,7 +680,8 @@ mod tests {
         // Idle again, but more frames than one write takes: all to the writer.
         rx.idle_unless_queued();
         let mut batch = sends(DIRECT_BATCH + 1, 1);
-        out.send_batch_now(&mut batch, op_of);
+        let payload = batch_len(&batch);
+        out.send_batch_now(&mut batch, payload, op_of);
         assert!(batch.is_empty());
         got.clear();
         assert_eq!(rx.poll_recv_many(&mut cx, &mut got, 256), Poll::Ready(DIRECT_BATCH + 1));
@@ -686,7 +695,8 @@ mod tests {
         let mut batch = sends(64, DIRECT_MAX / 64 - 5);
         let all = encoded(&batch);
         let ops: Vec<OpId> = batch.iter().filter_map(|(i, _)| op_of(i)).collect();
-        out.send_batch_now(&mut batch, op_of);
+        let payload = batch_len(&batch);
+        out.send_batch_now(&mut batch, payload, op_of);
         let whole = batch.len();
         assert!(whole < 64, "the socket took only part of the batch");
         assert!(out.inner.lock().busy, "the rest is the writer's");
