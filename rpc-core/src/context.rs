@@ -44,6 +44,7 @@
 //! own if it set one, else the one of the call being served, else a fresh one. Both sides' `call`
 //! spans record it as `trace_id`, so one id follows a request through every service it touches.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -350,15 +351,11 @@ impl Context {
         self.inner.metadata.get(TRACE_ID_KEY)
     }
 
-    /// Runs `fut` (a handler) with this context as [`current()`] and `pool` as the pool
-    /// [`crate::codec::encode`] writes into: one task-local scope for both (entered and left at
-    /// each poll), not two.
-    pub(crate) fn scope<F: std::future::Future>(
-        self,
-        pool: rpc_transport::MemPool,
-        fut: F,
-    ) -> tokio::task::futures::TaskLocalFuture<Handler, F> {
-        CURRENT.scope(Handler { ctx: self, pool }, fut)
+    /// What a handler runs with: this context as [`current()`] and `pool` as the pool
+    /// [`crate::codec::encode`] writes into, both current while the handler is polled
+    /// ([`enter`]).
+    pub(crate) fn with_pool(self, pool: rpc_transport::MemPool) -> Handler {
+        Handler { ctx: self, pool }
     }
 }
 
@@ -376,20 +373,62 @@ impl Handler {
     }
 }
 
-tokio::task_local! {
-    static CURRENT: Handler;
+std::thread_local! {
+    /// The handler being polled on this thread, if any (see [`enter`]): a task-local in effect,
+    /// set around each poll of a handler's future, wherever it runs (the connection's driver or
+    /// the handler's own task).
+    static CURRENT: RefCell<Option<Handler>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (a poll of a handler's future, or its drop) with the handler in `handler` current on
+/// this thread: it is swapped into this thread's slot for the while, and back when `f` returns
+/// or unwinds, so that whatever was current before is current again.
+pub(crate) fn enter<R>(handler: &mut Option<Handler>, f: impl FnOnce() -> R) -> R {
+    /// Puts back what was current, and the handler in its place, when `f` returns or unwinds.
+    struct Restore<'a> {
+        handler: &'a mut Option<Handler>,
+    }
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            // Not reachable while this thread's locals are being destroyed (`enter` could not
+            // have swapped either).
+            let _ = CURRENT.try_with(|current| {
+                if let Ok(mut current) = current.try_borrow_mut() {
+                    std::mem::swap(self.handler, &mut *current);
+                }
+            });
+        }
+    }
+    let swapped = CURRENT.try_with(|current| match current.try_borrow_mut() {
+        Ok(mut current) => {
+            std::mem::swap(handler, &mut *current);
+            true
+        }
+        // Borrowed by `with_current` (which runs no handler code: cannot happen): run without.
+        Err(_) => false,
+    });
+    if swapped != Ok(true) {
+        return f();
+    }
+    let _restore = Restore { handler };
+    f()
+}
+
+/// `f` on the handler being polled on this thread; `None` outside one.
+fn with_current<R>(f: impl FnOnce(&Handler) -> R) -> Option<R> {
+    CURRENT.try_with(|current| current.try_borrow().ok().and_then(|h| h.as_ref().map(f))).ok().flatten()
 }
 
 /// Inside a server handler: the pool of the connection it answers on.
 pub(crate) fn handler_pool() -> Option<rpc_transport::MemPool> {
-    CURRENT.try_with(|h| h.pool.clone()).ok()
+    with_current(|h| h.pool.clone())
 }
 
 /// The context of the call the current task serves: `Some` inside a handler run by
 /// [`Server`](crate::Server), `None` elsewhere (including tasks the handler spawns: pass them a
 /// clone).
 pub fn current() -> Option<Context> {
-    CURRENT.try_with(|h| h.ctx.clone()).ok()
+    with_current(|h| h.ctx.clone())
 }
 
 /// The current call's context, for handlers that take `ctx: rpc_core::Context` (a detached one,

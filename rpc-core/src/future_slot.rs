@@ -2,13 +2,13 @@
 //! to call ([`FutureSlot`]), so that a handler whose future has the layout of an earlier one
 //! allocates nothing.
 //!
-//! The box holds the whole handler as the server runs it: the service's future with the call's
-//! context and the connection's pool set around it, its panics caught. When the handler
-//! finishes, what the future kept is dropped at once and the empty box goes back to the
-//! connection; the next future of the same size and alignment is written into it. The call's
-//! context and the pool come back with the box ([`HandlerBoxes::give_back`]), for the next call
-//! (no reference count taken and dropped per call). A handler that waits takes its box into its
-//! task and sends it back with its answer.
+//! The box holds the service's future, its panics caught; the call's context and the
+//! connection's pool are kept beside it and made current around each of its polls
+//! ([`context::enter`]). When the handler finishes, what the future kept is dropped at once and
+//! the empty box goes back to the connection; the next future of the same size and alignment is
+//! written into it. The call's context and the pool come back with the box
+//! ([`HandlerBoxes::give_back`]), for the next call (no reference count taken and dropped per
+//! call). A handler that waits takes its box into its task and sends it back with its answer.
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -21,7 +21,6 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use rpc_transport::MemPool;
-use tokio::task::futures::TaskLocalFuture;
 use tokio_util::sync::ReusableBoxFuture;
 
 use crate::context;
@@ -29,10 +28,6 @@ use crate::error::ServiceError;
 
 /// What a handler ends with: the service's answer, or the payload of its panic.
 pub(crate) type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
-
-/// What the boxed future ends with: the service's answer and the context and pool it ran with
-/// (`None` if it panicked: they went with it), or the payload of its panic.
-type Ended = Result<(Result<Bytes, ServiceError>, Option<context::Handler>), Box<dyn Any + Send>>;
 
 /// The most empty boxes a connection keeps: enough for a service whose methods' futures have
 /// a few different layouts, called in turn. A box is as large as the largest future made in it
@@ -65,48 +60,49 @@ impl FutureSlot<'_> {
     where
         F: Future<Output = Result<Bytes, ServiceError>> + Send + 'static,
     {
-        self.boxes.place(Run { scoped: Some(self.ctx.scope(self.pool, future)) })
+        let FutureSlot { boxes, ctx, pool } = self;
+        boxes.place(Run { future: Some(future) }, ctx.with_pool(pool))
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A handler as the server runs it: the service's future in the task-local scope of its
-    /// context and pool, its panics caught. What it holds is dropped as soon as it finishes
-    /// (a panic included), not when its box is next used; the context and pool are then taken
-    /// back out of the scope.
+    /// A handler as the server runs it: the service's future, its panics caught. What it holds
+    /// is dropped as soon as it finishes (a panic included), not when its box is next used.
     struct Run<F> {
         #[pin]
-        scoped: Option<TaskLocalFuture<context::Handler, F>>,
+        future: Option<F>,
     }
 }
 
 impl<F: Future<Output = Result<Bytes, ServiceError>>> Future for Run<F> {
-    type Output = Ended;
+    type Output = Caught;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Ended> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Caught> {
         let mut this = self.project();
         // Not polled again once ended (`ServiceFuture::poll` sees to it).
-        let Some(mut scoped) = this.scoped.as_mut().as_pin_mut() else { return Poll::Pending };
-        let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| scoped.as_mut().poll(cx))) {
+        let Some(mut future) = this.future.as_mut().as_pin_mut() else { return Poll::Pending };
+        let caught = match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
             Ok(Poll::Pending) => return Poll::Pending,
-            // The scope dropped the service's future (inside the scope) as it finished.
-            Ok(Poll::Ready(answer)) => Ok((answer, scoped.take_value())),
+            Ok(Poll::Ready(answer)) => Ok(answer),
             Err(panic) => Err(panic),
         };
-        this.scoped.set(None);
-        Poll::Ready(ended)
+        // Dropped while the handler's context is still current (`ServiceFuture::poll`).
+        this.future.set(None);
+        Poll::Ready(caught)
     }
 }
 
 /// A call's future in the box a [`FutureSlot`] lent: what
 /// [`Service::call_in`](crate::Service::call_in) returns, for the server to run.
 pub struct ServiceFuture {
-    boxed: ReusableBoxFuture<'static, Ended>,
+    /// `None` only once given back, or while dropped ([`ServiceFuture`]'s `Drop`).
+    boxed: Option<ReusableBoxFuture<'static, Caught>>,
     /// The layout of the future written in the box (the box's size and alignment).
     layout: Layout,
     /// Whether the future finished (its box then holds nothing of it).
     done: bool,
-    /// The context and pool the finished handler ran with.
+    /// The context and pool the handler runs with, current around each of its polls (`None`
+    /// once it panicked: they went with it).
     handler: Option<context::Handler>,
 }
 
@@ -119,15 +115,26 @@ impl fmt::Debug for ServiceFuture {
 impl ServiceFuture {
     /// Polls the handler (not again once it has finished).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Caught> {
-        if self.done {
-            return Poll::Pending;
-        }
-        let ended = std::task::ready!(self.boxed.poll(cx));
+        let (false, Some(boxed)) = (self.done, self.boxed.as_mut()) else { return Poll::Pending };
+        let caught = std::task::ready!(context::enter(&mut self.handler, || boxed.poll(cx)));
         self.done = true;
-        Poll::Ready(ended.map(|(answer, handler)| {
-            self.handler = handler;
-            answer
-        }))
+        if caught.is_err() {
+            // A handler that panicked keeps nothing for the next: its context and pool go.
+            self.handler = None;
+        }
+        Poll::Ready(caught)
+    }
+}
+
+impl Drop for ServiceFuture {
+    /// A handler dropped before it finished (cancelled, or its connection gone) is dropped with
+    /// its context current, as while it ran.
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(boxed) = self.boxed.take() {
+                context::enter(&mut self.handler, || drop(boxed));
+            }
+        }
     }
 }
 
@@ -136,7 +143,7 @@ impl ServiceFuture {
 /// made.
 #[derive(Debug, Default)]
 pub(crate) struct HandlerBoxes {
-    spares: Vec<(Layout, ReusableBoxFuture<'static, Ended>)>,
+    spares: Vec<(Layout, ReusableBoxFuture<'static, Caught>)>,
     made: u64,
 }
 
@@ -151,39 +158,42 @@ impl HandlerBoxes {
         self.made
     }
 
-    /// `future` in an empty box of its layout, or in a new one.
+    /// `future` in an empty box of its layout, or in a new one, to run with `handler`.
     #[inline(always)]
-    fn place<F>(&mut self, future: F) -> ServiceFuture
+    fn place<F>(&mut self, future: F, handler: context::Handler) -> ServiceFuture
     where
-        F: Future<Output = Ended> + Send + 'static,
+        F: Future<Output = Caught> + Send + 'static,
     {
+        let handler = Some(handler);
         let layout = Layout::new::<F>();
         let mut future = future;
         // The layout is checked here: a `try_set` that fails frees the box it is called on.
         if let Some(i) = self.spares.iter().position(|(l, _)| *l == layout) {
             let (_, mut boxed) = self.spares.remove(i);
             match boxed.try_set(future) {
-                Ok(()) => return ServiceFuture { boxed, layout, done: false, handler: None },
+                Ok(()) => return ServiceFuture { boxed: Some(boxed), layout, done: false, handler },
                 // Not with the layout checked above; boxed anew below.
                 Err(back) => future = back,
             }
         }
         self.made += 1;
-        ServiceFuture { boxed: ReusableBoxFuture::new(future), layout, done: false, handler: None }
+        ServiceFuture { boxed: Some(ReusableBoxFuture::new(future)), layout, done: false, handler }
     }
 
     /// Keeps the box of a finished handler for a later one (one that has not finished is
     /// dropped: its box still holds it), and returns the context and pool it ran with (`None`
     /// if it did not finish, or panicked).
-    pub(crate) fn give_back(&mut self, fut: ServiceFuture) -> Option<(context::Context, MemPool)> {
+    pub(crate) fn give_back(&mut self, mut fut: ServiceFuture) -> Option<(context::Context, MemPool)> {
         if !fut.done {
             return None;
         }
-        if self.spares.len() == SPARE_BOXES {
-            self.spares.remove(0);
+        if let Some(boxed) = fut.boxed.take() {
+            if self.spares.len() == SPARE_BOXES {
+                self.spares.remove(0);
+            }
+            self.spares.push((fut.layout, boxed));
         }
-        self.spares.push((fut.layout, fut.boxed));
-        fut.handler.map(context::Handler::into_parts)
+        fut.handler.take().map(context::Handler::into_parts)
     }
 }
 
@@ -194,7 +204,11 @@ mod tests {
     use super::*;
 
     fn ctx() -> context::Context {
-        context::Context::new_in(None, "T.m", 1, 1, &Arc::from("peer"), None, context::Metadata::new())
+        ctx_named("T.m")
+    }
+
+    fn ctx_named(method: &'static str) -> context::Context {
+        context::Context::new_in(None, method, 1, 1, &Arc::from("peer"), None, context::Metadata::new())
     }
 
     fn pool() -> MemPool {
@@ -297,6 +311,49 @@ mod tests {
         assert_eq!(Arc::strong_count(&held), 1, "the future's captures are dropped when it finishes");
         assert!(boxes.give_back(fut).is_some());
         assert_eq!(boxes.spares.len(), 1);
+    }
+
+    #[test]
+    fn the_context_is_current_only_while_the_handler_is_polled_or_dropped_unfinished() {
+        /// Sends what is current when it is dropped.
+        struct Witness(std::sync::mpsc::Sender<Option<String>>);
+        impl Drop for Witness {
+            fn drop(&mut self) {
+                let _ = self.0.send(context::current().map(|c| c.method().to_string()));
+            }
+        }
+        let mut boxes = HandlerBoxes::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let witness = Witness(tx.clone());
+        let mut fut = boxes.slot(ctx(), pool()).put(async move {
+            let _witness = witness;
+            tx.send(context::current().map(|c| c.method().to_string())).unwrap();
+            futures::future::pending::<()>().await;
+            Ok(Bytes::new())
+        });
+        assert!(context::current().is_none(), "not before the first poll");
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(fut.poll(&mut cx).is_pending());
+        assert_eq!(rx.try_recv().unwrap().as_deref(), Some("T.m"), "current while polled");
+        assert!(context::current().is_none(), "not after the poll");
+        drop(fut);
+        assert_eq!(rx.try_recv().unwrap().as_deref(), Some("T.m"), "current while dropped unfinished");
+        assert!(context::current().is_none(), "not after the drop");
+
+        // A handler polled inside another's poll: each sees its own, and the outer one's is
+        // current again after the inner poll.
+        let inner = boxes
+            .slot(ctx_named("T.inner"), pool())
+            .put(async { Ok(Bytes::from(context::current().expect("inner context").method().to_string())) });
+        let mut outer = boxes.slot(ctx(), pool()).put(async move {
+            let mut inner = inner;
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+            let Poll::Ready(Ok(Ok(seen))) = inner.poll(&mut cx) else { panic!("the inner one is ready") };
+            assert_eq!(seen, Bytes::from_static(b"T.inner"));
+            Ok(Bytes::from(context::current().expect("outer context").method().to_string()))
+        });
+        assert_eq!(run(&mut outer).unwrap().unwrap(), Bytes::from_static(b"T.m"));
+        assert!(context::current().is_none());
     }
 
     #[test]
