@@ -238,25 +238,30 @@ std::thread_local! {
 /// smaller one when `bytes` is at most 1 KiB; otherwise a small one is a copy (see
 /// [`SharedBytes`]). Generated stubs decode `Bytes` arguments and results this way.
 pub fn decode_shared<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, CodecError> {
-    decode_sharing(Received::from(bytes.clone())).0.map(|(value, _)| value)
+    decode_in_place(&mut Received::from(bytes.clone())).map(|(value, _)| value)
 }
 
 /// [`decode_shared`] of a received message as it lies in its receive buffer: the buffer is
 /// frozen into `Bytes` (an allocation) only if the value keeps a slice of it (a `SharedBytes` of
 /// more than 1 KiB). Dropping the returned message (when the value keeps nothing of it) returns
 /// the buffer to its pool.
-pub fn decode_received<T: DeserializeOwned>(payload: Received) -> Result<T, CodecError> {
-    decode_sharing(payload).0.map(|(value, _)| value)
+pub fn decode_received<T: DeserializeOwned>(mut payload: Received) -> Result<T, CodecError> {
+    decode_in_place(&mut payload).map(|(value, _)| value)
 }
 
-/// [`decode_received`], whether the value holds a slice of `payload`, and the payload back (as
-/// `Bytes` if a slice was taken).
-pub(crate) fn decode_sharing<T: DeserializeOwned>(
-    payload: Received,
-) -> (Result<(T, bool), CodecError>, Received) {
+/// [`decode_received`] and whether the value holds a slice of `payload`, which stays with the
+/// caller (as `Bytes` if a slice was taken).
+pub(crate) fn decode_in_place<T: DeserializeOwned>(payload: &mut Received) -> Result<(T, bool), CodecError> {
     let before = SLICES.get();
-    let (result, payload) = payload.lend(|bytes| decode::<T>(bytes));
-    (result.map(|value| (value, SLICES.get() != before)), payload)
+    let result = payload.lend_in_place(|bytes| decode::<T>(bytes));
+    result.map(|value| (value, SLICES.get() != before))
+}
+
+/// [`decode_in_place`], the payload taken and given back.
+#[cfg(test)]
+fn decode_sharing<T: DeserializeOwned>(mut payload: Received) -> (Result<(T, bool), CodecError>, Received) {
+    let result = decode_in_place(&mut payload);
+    (result, payload)
 }
 
 /// A received message as [`Bytes`], by the rule [`SharedBytes`] follows: at most 1 KiB, a copy

@@ -201,8 +201,8 @@ where
 {
     // `Bytes` arguments (decoded as `SharedBytes` by the generated code) of more than 1 KiB are
     // slices of the payload: no copy. Arguments without any leave the receive buffer unfrozen.
-    let (decoded, payload) = crate::codec::decode_sharing::<Args>(payload);
-    let (args, sliced) = match decoded {
+    let mut payload = payload;
+    let (args, sliced) = match crate::codec::decode_in_place::<Args>(&mut payload) {
         Ok(a) => a,
         Err(e) => {
             return place.place(std::future::ready(Err(ServiceError::BadRequest(Detail::from_error(e)))))

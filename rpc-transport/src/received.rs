@@ -118,6 +118,13 @@ impl Received {
     ///
     /// Calls may nest: an inner `lend` shares its own message until it returns.
     pub fn lend<R>(mut self, f: impl FnOnce(&[u8]) -> R) -> (R, Received) {
+        let out = self.lend_in_place(f);
+        (out, self)
+    }
+
+    /// [`Received::lend`], the message staying where it is (no move in and out: a decoder's
+    /// result and the message are not carried back together).
+    pub fn lend_in_place<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> R {
         // Puts the previous loan back when `f` returns or unwinds.
         struct Restore(*mut Received);
         impl Drop for Restore {
@@ -126,15 +133,16 @@ impl Received {
             }
         }
         // SAFETY: the message's bytes (see `deref`), for as long as `f` runs only (the slice's
-        // lifetime is that of `f`'s argument): `self` stays in this frame until then, and `share`
-        // (the only code that reaches it meanwhile, through `LENT`) changes only its owner, from
-        // the `Buf` to `Bytes::from_owner` of that `Buf`, which keeps the memory where it is.
+        // lifetime is that of `f`'s argument): `*self` stays where it is until then (borrowed by
+        // this call), and `share` (the only code that reaches it meanwhile, through `LENT`)
+        // changes only its owner, from the `Buf` to `Bytes::from_owner` of that `Buf`, which
+        // keeps the memory where it is.
         let bytes = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
-        let this: *mut Received = &mut self;
+        let this: *mut Received = self;
         let restore = Restore(LENT.with(|lent| lent.replace(this)));
         let out = f(bytes);
         drop(restore);
-        (out, self)
+        out
     }
 
     /// Inside [`Received::lend`] on this thread: `v` as a slice of the lent message, if `v` is a
