@@ -148,30 +148,51 @@ impl ServerProto {
     }
 
     /// Handles one received frame at time `now`. An error is fatal: close the connection.
-    /// Copies the frame; [`ServerProto::handle_recv_bytes`] does not.
+    /// Copies a request's body (not the header; nothing of a frame without one);
+    /// [`ServerProto::handle_recv_bytes`] copies nothing.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        let frame = self.link.copy_received(frame);
-        self.handle_recv_bytes(frame, now)
+        let header = self.on_header(frame, now)?;
+        match header.kind {
+            Kind::Request => {
+                let body = self.link.copy_received(&frame[HEADER_LEN..]);
+                self.on_request(&header, Received::from(body), now)
+            }
+            _ => self.on_bodiless(&header),
+        }
     }
 
     /// Handles one received frame at time `now`; an eager request's payload is a slice of
     /// `frame` (no copy). An error is fatal: close the connection.
     pub fn handle_recv_bytes(&mut self, frame: impl Into<Received>, now: Instant) -> Result<(), ProtoError> {
         let frame = frame.into();
-        let header = Header::decode(&frame)?;
+        let header = self.on_header(&frame, now)?;
+        match header.kind {
+            Kind::Request => self.on_request(&header, frame.slice(HEADER_LEN..), now),
+            _ => self.on_bodiless(&header),
+        }
+    }
+
+    /// A frame's header, decoded and accounted for (credits, liveness, the client's report that
+    /// it READ a response).
+    fn on_header(&mut self, frame: &[u8], now: Instant) -> Result<Header, ProtoError> {
+        let header = Header::decode(frame)?;
         self.link.on_frame_received(&header, now)?;
         if header.done != 0 {
             // The client finished READing our response: revoke the key.
             self.link.on_done(header.done);
         }
+        Ok(header)
+    }
+
+    /// A frame whose body (if any) says nothing more: all but a request.
+    fn on_bodiless(&mut self, header: &Header) -> Result<(), ProtoError> {
         match header.kind {
-            Kind::Request => self.on_request(&header, frame.slice(HEADER_LEN..), now),
             Kind::Cancel => {
                 self.on_cancel(header.call_id, CancelReason::Cancelled);
                 Ok(())
             }
             Kind::Credit | Kind::Ping | Kind::Pong => Ok(()),
-            Kind::Response => Err(ProtoError::UnexpectedKind(Kind::Response)),
+            kind @ (Kind::Response | Kind::Request) => Err(ProtoError::UnexpectedKind(kind)),
         }
     }
 
