@@ -28,6 +28,10 @@ pub(crate) struct Liveness {
     /// The earlier of `next_ping` and the idle deadline (`last_rx + idle_timeout`), kept up to
     /// date by every change of either (the driver asks for it after every input).
     due: Option<Instant>,
+    /// Whether `next_ping` and `due` are what a frame received at `last_rx` made them (nothing
+    /// since changed them): then another frame at the same time changes nothing (a batch of
+    /// frames handled under one reading of the clock).
+    settled_at_rx: bool,
     /// A Ping is due (sent when a credit allows).
     pub ping_due: bool,
     /// The peer pinged us: a Pong is due.
@@ -43,6 +47,7 @@ impl Liveness {
             last_run: now,
             next_ping: now.checked_add(interval),
             due: None,
+            settled_at_rx: false,
             ping_due: false,
             pong_due: false,
         };
@@ -57,6 +62,12 @@ impl Liveness {
 
     /// Something arrived from the peer.
     pub fn on_received(&mut self, now: Instant) {
+        // `last_run` is at least `last_rx` already (both move together, and `check` keeps
+        // `last_rx` at most `now`).
+        if self.settled_at_rx && now == self.last_rx {
+            return;
+        }
+        self.settled_at_rx = true;
         self.last_rx = self.last_rx.max(now);
         self.last_run = self.last_run.max(now);
         self.next_ping = self.last_rx.checked_add(self.interval);
@@ -85,6 +96,7 @@ impl Liveness {
     }
 
     fn run_check(&mut self, now: Instant) -> Result<(), ProtoError> {
+        self.settled_at_rx = false;
         // We should have run again by `last_run + interval`; anything beyond is our own stall.
         let stalled = now.saturating_duration_since(self.last_run).saturating_sub(self.interval);
         if !stalled.is_zero() {
@@ -133,6 +145,40 @@ mod tests {
                 }
                 let idle_at = l.last_rx.checked_add(l.idle_timeout);
                 prop_assert_eq!(l.next_timeout(), l.next_ping.into_iter().chain(idle_at).min());
+            }
+        }
+    }
+
+    proptest! {
+        /// A frame at the time of the one before (a batch under one reading of the clock) is
+        /// skipped, and leaves the state the full update would: over frames and checks at
+        /// times often equal.
+        #[test]
+        fn a_frame_at_the_same_time_changes_nothing_the_full_update_would(
+            interval_ms in 1u64..50,
+            idle_ms in 1u64..200,
+            steps in proptest::collection::vec((any::<bool>(), prop_oneof![Just(0u64), 0u64..100]), 1..80),
+        ) {
+            let t0 = Instant::now();
+            let (interval, idle) = (Duration::from_millis(interval_ms), Duration::from_millis(idle_ms));
+            let (mut l, mut full) = (Liveness::new(interval, idle, t0), Liveness::new(interval, idle, t0));
+            let mut now = t0;
+            for (receive, ms) in steps {
+                now += Duration::from_millis(ms);
+                match receive {
+                    true => {
+                        l.on_received(now);
+                        full.settled_at_rx = false;
+                        full.on_received(now);
+                    }
+                    false => {
+                        prop_assert_eq!(l.check(now).is_ok(), full.check(now).is_ok());
+                    }
+                }
+                prop_assert_eq!(
+                    (l.last_rx, l.last_run, l.next_ping, l.due, l.ping_due),
+                    (full.last_rx, full.last_run, full.next_ping, full.due, full.ping_due)
+                );
             }
         }
     }
