@@ -26,6 +26,7 @@
 //! registered once (a server's when it starts, a stub method's on its first call) and kept, so a
 //! call costs no registration or label allocation.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -148,30 +149,39 @@ impl ServerOutcome {
 /// event when a DEBUG subscriber is on, the histogram when a recorder is installed. With neither
 /// (the default) the subtraction of the two clock readings (~40 instructions) is not made, nor,
 /// for a call that ends as it is reported, the reading of its end (`to` of `None`: the clock is
-/// read where the duration is recorded, within the report).
-#[derive(Debug, Clone, Copy)]
+/// read where the duration is first recorded, within the report, and the other record takes the
+/// same reading).
+#[derive(Debug)]
 pub(crate) struct Elapsed {
     from: Instant,
-    to: Option<Instant>,
+    to: Cell<Option<Instant>>,
 }
 
 impl Elapsed {
-    /// From `from` to `to`, or to the time it is recorded (`None`).
+    /// From `from` to `to`, or to the time it is first recorded (`None`).
     pub(crate) fn between(from: Instant, to: Option<Instant>) -> Elapsed {
-        Elapsed { from, to }
+        Elapsed { from, to: Cell::new(to) }
     }
 
-    fn duration(self) -> Duration {
-        self.to.unwrap_or_else(Instant::now).saturating_duration_since(self.from)
+    fn duration(&self) -> Duration {
+        let to = match self.to.get() {
+            Some(to) => to,
+            None => {
+                let now = Instant::now();
+                self.to.set(Some(now));
+                now
+            }
+        };
+        to.saturating_duration_since(self.from)
     }
 
-    fn micros(self) -> u64 {
+    fn micros(&self) -> u64 {
         self.duration().as_micros() as u64
     }
 }
 
 /// The histogram's value: the duration in seconds (converted only by a live histogram).
-impl IntoF64 for Elapsed {
+impl IntoF64 for &Elapsed {
     fn into_f64(self) -> f64 {
         self.duration().as_secs_f64()
     }
@@ -217,7 +227,7 @@ pub(crate) fn client_call_dropped(span: &Span, method: MethodName, request_bytes
 fn client_metrics(method: &ClientMethod, elapsed: Elapsed, error: Option<&'static str>) {
     let (calls, duration) = method.handles();
     calls.increment(1);
-    duration.record(elapsed);
+    duration.record(&elapsed);
     if let Some(kind) = error {
         // Errors are the slow path: registered when they happen.
         metrics::counter!("rpc_client_errors_total", "method" => method.name, "kind" => kind).increment(1);
@@ -254,7 +264,7 @@ pub(crate) fn server_call_done(
         }
     }
     method.calls.increment(1);
-    method.duration.record(elapsed);
+    method.duration.record(&elapsed);
     if outcome != ServerOutcome::Ok {
         metrics::counter!("rpc_server_errors_total", "method" => method.name, "kind" => outcome.kind())
             .increment(1);
@@ -271,15 +281,18 @@ mod tests {
         let to = from + Duration::from_micros(1_500);
         let elapsed = Elapsed::between(from, Some(to));
         assert_eq!(elapsed.micros(), 1_500);
-        assert_eq!(elapsed.into_f64(), 0.0015);
+        assert_eq!((&elapsed).into_f64(), 0.0015);
         // A reading taken before the start (a clock read by another task first) is zero.
         let backwards = Elapsed::between(to, Some(from));
         assert_eq!(backwards.micros(), 0);
-        assert_eq!(backwards.into_f64(), 0.0);
-        // Until it is recorded: the clock is read then.
+        assert_eq!((&backwards).into_f64(), 0.0);
+        // Until it is recorded: the clock is read then, once; a second record takes that reading.
         let until_now = Elapsed::between(from, None);
         let before = from.elapsed();
         let recorded = until_now.duration();
         assert!(recorded >= before && recorded <= from.elapsed(), "{recorded:?} after {before:?}");
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(until_now.duration(), recorded);
+        assert_eq!((&until_now).into_f64(), recorded.as_secs_f64());
     }
 }
