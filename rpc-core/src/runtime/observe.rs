@@ -215,19 +215,19 @@ pub(crate) fn client_call_done(
             "call finished"
         ),
     }
-    client_metrics(method.metrics(), elapsed, result.as_ref().err().map(CallError::kind));
+    client_metrics(method.metrics(), &elapsed, result.as_ref().err().map(CallError::kind));
 }
 
 /// A client call whose future was dropped before it finished (cancelled by the caller).
 pub(crate) fn client_call_dropped(span: &Span, method: MethodName, request_bytes: usize, elapsed: Elapsed) {
     tracing::debug!(parent: span, request_bytes, duration_us = elapsed.micros(), outcome = "cancelled", "call finished");
-    client_metrics(method.metrics(), elapsed, Some("cancelled"));
+    client_metrics(method.metrics(), &elapsed, Some("cancelled"));
 }
 
-fn client_metrics(method: &ClientMethod, elapsed: Elapsed, error: Option<&'static str>) {
+fn client_metrics(method: &ClientMethod, elapsed: &Elapsed, error: Option<&'static str>) {
     let (calls, duration) = method.handles();
     calls.increment(1);
-    duration.record(&elapsed);
+    duration.record(elapsed);
     if let Some(kind) = error {
         // Errors are the slow path: registered when they happen.
         metrics::counter!("rpc_client_errors_total", "method" => method.name, "kind" => kind).increment(1);
