@@ -339,7 +339,7 @@ impl ClientProto {
     /// Copies a response's body (not the header; nothing of a frame without one);
     /// [`ClientProto::handle_recv_bytes`] copies nothing.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        let header = self.on_header(frame, now)?;
+        let header = self.link.on_header(frame, now)?;
         match header.kind {
             Kind::Response => {
                 let body = self.link.copy_received(&frame[HEADER_LEN..]);
@@ -354,23 +354,11 @@ impl ClientProto {
     /// [`ClientProto::fail_all`].
     pub fn handle_recv_bytes(&mut self, frame: impl Into<Received>, now: Instant) -> Result<(), ProtoError> {
         let frame = frame.into();
-        let header = self.on_header(&frame, now)?;
+        let header = self.link.on_header(&frame, now)?;
         match header.kind {
             Kind::Response => self.on_response(&header, frame.slice(HEADER_LEN..)),
             other => Self::on_bodiless(other),
         }
-    }
-
-    /// A frame's header, decoded and accounted for (credits, liveness, the server's report that
-    /// it READ a request).
-    fn on_header(&mut self, frame: &[u8], now: Instant) -> Result<Header, ProtoError> {
-        let header = Header::decode(frame)?;
-        self.link.on_frame_received(&header, now)?;
-        if header.done != 0 {
-            // The server finished READing our request payload: revoke its key.
-            self.link.on_done(header.done);
-        }
-        Ok(header)
     }
 
     /// A frame other than a response: credits and keepalive say nothing more; a server sends

@@ -253,6 +253,18 @@ impl Link {
         }
     }
 
+    /// A received frame's header, decoded where the frame lies and accounted for
+    /// ([`Link::on_frame_received`]); a done report in it revokes the region the peer finished
+    /// READing ([`Link::on_done`]). What the frame is for is the caller's to handle.
+    pub fn on_header(&mut self, frame: &[u8], now: Instant) -> Result<Header, ProtoError> {
+        let header = Header::decode(frame)?;
+        self.on_frame_received(&header, now)?;
+        if header.done != 0 {
+            self.on_done(header.done);
+        }
+        Ok(header)
+    }
+
     /// Accounts for a received frame: it must have had a credit; its receive buffer is
     /// re-posted by the driver, and the credits it carries are ours again.
     pub fn on_frame_received(&mut self, header: &Header, now: Instant) -> Result<(), ProtoError> {

@@ -151,7 +151,7 @@ impl ServerProto {
     /// Copies a request's body (not the header; nothing of a frame without one);
     /// [`ServerProto::handle_recv_bytes`] copies nothing.
     pub fn handle_recv(&mut self, frame: &[u8], now: Instant) -> Result<(), ProtoError> {
-        let header = self.on_header(frame, now)?;
+        let header = self.link.on_header(frame, now)?;
         match header.kind {
             Kind::Request => {
                 let body = self.link.copy_received(&frame[HEADER_LEN..]);
@@ -165,23 +165,11 @@ impl ServerProto {
     /// `frame` (no copy). An error is fatal: close the connection.
     pub fn handle_recv_bytes(&mut self, frame: impl Into<Received>, now: Instant) -> Result<(), ProtoError> {
         let frame = frame.into();
-        let header = self.on_header(&frame, now)?;
+        let header = self.link.on_header(&frame, now)?;
         match header.kind {
             Kind::Request => self.on_request(&header, frame.slice(HEADER_LEN..), now),
             _ => self.on_bodiless(&header),
         }
-    }
-
-    /// A frame's header, decoded and accounted for (credits, liveness, the client's report that
-    /// it READ a response).
-    fn on_header(&mut self, frame: &[u8], now: Instant) -> Result<Header, ProtoError> {
-        let header = Header::decode(frame)?;
-        self.link.on_frame_received(&header, now)?;
-        if header.done != 0 {
-            // The client finished READing our response: revoke the key.
-            self.link.on_done(header.done);
-        }
-        Ok(header)
     }
 
     /// A frame whose body (if any) says nothing more: all but a request.
