@@ -1,5 +1,6 @@
 //! The client end of a connection: issues calls, receives responses.
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -237,10 +238,15 @@ impl ClientProto {
         if call_id == 0 {
             return Err(StartError::ZeroId);
         }
-        if self.calls.contains_key(&call_id) || self.link.rdv.busy(call_id) {
+        let in_flight = self.calls.len();
+        // One look at the table: the call goes in through the entry that found its id free.
+        let Entry::Vacant(slot) = self.calls.entry(call_id) else {
+            return Err(StartError::DuplicateId(call_id));
+        };
+        if self.link.rdv.busy(call_id) {
             return Err(StartError::DuplicateId(call_id));
         }
-        if self.calls.len() >= self.max_in_flight as usize {
+        if in_flight >= self.max_in_flight as usize {
             return Err(StartError::TooManyInFlight(self.max_in_flight));
         }
         let len = payload.len() as u64;
@@ -250,11 +256,7 @@ impl ClientProto {
         self.link.now = self.link.now.max(now);
         // A timeout too far away to be a point in time (`Duration::MAX`) is no deadline.
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        if let Some(at) = deadline {
-            let calls = &self.calls;
-            let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
-            self.deadlines.push_pruned(at, call_id, calls.len() + 1, live);
-        }
+        let eager = payload.len() + metadata_overhead(&metadata) <= self.link.eager_limit;
         let mut call = Call {
             method,
             state: State::AwaitingResponse,
@@ -263,7 +265,20 @@ impl ClientProto {
             info: CallInfo::default(),
             metadata: Bytes::new(),
         };
-        if payload.len() + metadata_overhead(&metadata) <= self.link.eager_limit {
+        let mut metadata = metadata;
+        if !eager {
+            // The metadata travels with the request once its payload is registered.
+            call.metadata = std::mem::take(&mut metadata);
+            call.state = State::Registering;
+            call.info.request = Path::Rendezvous;
+        }
+        slot.insert(call);
+        if let Some(at) = deadline {
+            let calls = &self.calls;
+            let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
+            self.deadlines.push_pruned(at, call_id, in_flight + 1, live);
+        }
+        if eager {
             self.link.stats.eager_sent += 1;
             match payload {
                 Payload::Framed(buf) if metadata.is_empty() => {
@@ -281,13 +296,9 @@ impl ClientProto {
                 other => self.queue_request(call_id, method, timeout, 0, &metadata, other.into_bytes()),
             }
         } else {
-            call.metadata = metadata;
-            call.state = State::Registering;
-            call.info.request = Path::Rendezvous;
             self.link.rdv.reserve_own(call_id, len);
             self.link.push_op(Op::Register { call_id, data: payload.into_bytes() });
         }
-        self.calls.insert(call_id, call);
         Ok(())
     }
 
@@ -376,7 +387,8 @@ impl ClientProto {
         if rendezvous && header.flags & FLAG_ERROR != 0 {
             return Err(ProtoError::UnknownFlags(header.flags));
         }
-        let Some(call) = self.calls.get_mut(&call_id) else {
+        // One look at the table: a call answered is taken out through the same entry.
+        let Entry::Occupied(entry) = self.calls.entry(call_id) else {
             if rendezvous {
                 // A response to a call we abandoned: we will not READ it; the server may revoke.
                 decode_desc(&body)?;
@@ -384,19 +396,22 @@ impl ClientProto {
             }
             return Ok(());
         };
-        if call.state != State::AwaitingResponse {
+        if entry.get().state != State::AwaitingResponse {
             return Err(ProtoError::UnexpectedKind(Kind::Response));
         }
         if header.flags & FLAG_ERROR != 0 {
-            self.complete(call_id, Err(CallFailure::Remote(WireError::decode(&body))));
+            let call = entry.remove();
+            self.completed(call_id, call, Err(CallFailure::Remote(WireError::decode(&body))));
             return Ok(());
         }
         if !rendezvous {
             self.link.stats.eager_received += 1;
-            self.complete(call_id, Ok(body));
+            let call = entry.remove();
+            self.completed(call_id, call, Ok(body));
             return Ok(());
         }
         let desc = decode_desc(&body)?;
+        let call = entry.into_mut();
         call.info.response = Path::Rendezvous;
         let max = self.link.max_message_size.min(self.link.max_read_size);
         if desc.len > max {
@@ -443,6 +458,9 @@ impl ClientProto {
     /// Returns whether the call was in progress.
     pub fn cancel(&mut self, call_id: u64) -> bool {
         let Some(call) = self.calls.remove(&call_id) else { return false };
+        if let Some(at) = call.deadline {
+            self.deadlines.forget(at, call_id);
+        }
         self.link.stats.cancels += 1;
         self.abandon(call_id, call);
         true
@@ -520,9 +538,17 @@ impl ClientProto {
 
     fn complete(&mut self, call_id: u64, result: Result<Received, CallFailure>) {
         if let Some(call) = self.calls.remove(&call_id) {
-            self.link.stats.calls_completed += 1;
-            self.events.push_back(ClientEvent::Completed { call_id, result, info: call.info });
+            self.completed(call_id, call, result);
         }
+    }
+
+    /// Reports the end of a call already taken out of the table.
+    fn completed(&mut self, call_id: u64, call: Call, result: Result<Received, CallFailure>) {
+        if let Some(at) = call.deadline {
+            self.deadlines.forget(at, call_id);
+        }
+        self.link.stats.calls_completed += 1;
+        self.events.push_back(ClientEvent::Completed { call_id, result, info: call.info });
     }
 
     /// The next operation to post.

@@ -55,6 +55,19 @@ impl DeadlineQueue {
         }
     }
 
+    /// Drops the entry `(at, id)` of a call that ended, when it is the last or the first of the
+    /// ordered entries: the call started latest (a lone call always is) or the one that expires
+    /// first (calls that end in the order they started). Those are the common ends, and they
+    /// leave no dead entry behind to be skipped or pruned; any other stays until then, as before.
+    #[inline]
+    pub fn forget(&mut self, at: Instant, id: u64) {
+        if self.ordered.back() == Some(&(at, id)) {
+            self.ordered.pop_back();
+        } else if self.ordered.front() == Some(&(at, id)) {
+            self.ordered.pop_front();
+        }
+    }
+
     /// Notes an entry, added to the queue at the next [`DeadlineQueue::settle`] if its call is
     /// live then. The owner settles before it looks at the queue (its next expiry, what expired,
     /// what was added), and a driver looks at its timers once the round's messages are out: a
@@ -186,6 +199,42 @@ mod tests {
     }
 
     #[test]
+    fn calls_that_end_first_or_alone_leave_no_entry_behind() {
+        let now = Instant::now();
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        let mut q = DeadlineQueue::default();
+        // Lone calls, each ended before the next starts: the queue never holds more than one
+        // entry, so nothing is ever pruned or skipped.
+        for id in 0..1_000u64 {
+            q.push_pruned(at(1_000 + id), id, 1, |_, _| panic!("nothing to prune"));
+            assert_eq!(q.len(), 1);
+            q.forget(at(1_000 + id), id);
+            assert!(q.is_empty());
+        }
+        // Calls in flight together that end in the order they started (from the front), and the
+        // latest started (from the back).
+        for id in 0..5u64 {
+            q.push_pruned(at(10 * (id + 1)), id, 5, |_, _| true);
+        }
+        q.forget(at(10), 0);
+        q.forget(at(50), 4);
+        assert_eq!(q.len(), 3);
+        // One in the middle stays until it comes first, and is skipped there as before.
+        q.forget(at(30), 2);
+        assert_eq!(q.len(), 3);
+        // An entry with the same id but another expiry (not this call's) is not touched.
+        q.forget(at(25), 1);
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.next(|id, _| id != 2), Some(at(20)));
+        assert_eq!(q.expired(at(100)).into_iter().map(|(id, _)| id).collect::<Vec<_>>(), [1, 2, 3]);
+        // Entries out of order (in the heap) are left there.
+        q.push_pruned(at(50), 7, 4, |_, _| true);
+        q.push_pruned(at(45), 8, 4, |_, _| true);
+        q.forget(at(45), 8);
+        assert_eq!(q.len(), 2);
+    }
+
+    #[test]
     fn deferred_entries_enter_at_the_settle_if_their_call_is_live_and_stay_bounded_without_one() {
         let now = Instant::now();
         let at = |ms: u64| now + Duration::from_millis(ms);
@@ -245,6 +294,7 @@ mod tests {
         let mut model: Vec<(Instant, u64)> = Vec::new();
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut clock = 0u64;
+        let mut forgotten = 0;
         for id in 0..5_000u64 {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -258,6 +308,22 @@ mod tests {
             clock += seed >> 50 & 3;
             q.push_pruned(now + Duration::from_millis(ms), id, usize::MAX / 4, |_, _| true);
             model.push((now + Duration::from_millis(ms), id));
+            if seed % 7 == 0 {
+                // A call ends early: whether its entry goes now or stays until it is first,
+                // the live entries come out the same (here every entry left counts as live).
+                // The one just started, the one that expires first, or any.
+                let (at, gone) = match seed >> 20 & 3 {
+                    0 => *model.last().unwrap(),
+                    1 => *model.iter().min().unwrap(),
+                    _ => model[(seed >> 24) as usize % model.len()],
+                };
+                let before = q.len();
+                q.forget(at, gone);
+                if q.len() < before {
+                    model.retain(|e| *e != (at, gone));
+                    forgotten += 1;
+                }
+            }
             if seed % 5 == 0 {
                 let until = now + Duration::from_millis(clock);
                 model.sort();
@@ -268,6 +334,8 @@ mod tests {
             }
         }
         assert_eq!(q.len(), model.len());
+        // (Most entries here sit in the heap, behind the far-off ones: few are first or last.)
+        assert!(forgotten >= 10, "forget took only {forgotten} entries out");
     }
 
     #[test]
