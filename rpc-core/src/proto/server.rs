@@ -186,7 +186,12 @@ impl ServerProto {
 
     fn on_request(&mut self, header: &Header, body: Received, now: Instant) -> Result<(), ProtoError> {
         let call_id = header.call_id;
-        if self.calls.contains_key(&call_id) || self.link.rdv.busy(call_id) {
+        let in_flight = self.calls.len();
+        // One look at the table: the call goes in through the entry that found its id free.
+        let Entry::Vacant(slot) = self.calls.entry(call_id) else {
+            return Err(ProtoError::DuplicateCall(call_id));
+        };
+        if self.link.rdv.busy(call_id) {
             return Err(ProtoError::DuplicateCall(call_id));
         }
         let rendezvous = header.flags & FLAG_RENDEZVOUS != 0;
@@ -199,7 +204,9 @@ impl ServerProto {
             (Bytes::new(), body)
         };
         let desc = if rendezvous { Some(decode_desc(&body)?) } else { None };
-        if let Some(refusal) = self.refusal(desc.as_ref()) {
+        if let Some(refusal) =
+            refusal(self.shutting_down, in_flight, self.max_in_flight, &self.link, desc.as_ref())
+        {
             if rendezvous {
                 self.link.report_done(call_id); // we will not READ it: the client may revoke
             }
@@ -211,11 +218,6 @@ impl ServerProto {
             micros => Some(Duration::from_micros(micros)),
         };
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        if let Some(at) = deadline {
-            let calls = &self.calls;
-            let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
-            self.deadlines.defer(at, call_id, calls.len() + 1, live);
-        }
         let mut call = Call {
             method: header.method_id,
             state: State::Running,
@@ -242,27 +244,13 @@ impl ServerProto {
                 });
             }
         }
-        self.calls.insert(call_id, call);
+        slot.insert(call);
+        if let Some(at) = deadline {
+            let calls = &self.calls;
+            let live = |id, at| calls.get(&id).is_some_and(|c: &Call| c.deadline == Some(at));
+            self.deadlines.defer(at, call_id, in_flight + 1, live);
+        }
         Ok(())
-    }
-
-    /// Why a new request must be refused, if it must.
-    fn refusal(&self, desc: Option<&RegionDesc>) -> Option<WireError> {
-        if self.shutting_down {
-            return Some(WireError::new(WireErrorCode::ShuttingDown, "server is shutting down"));
-        }
-        if self.calls.len() >= self.max_in_flight as usize {
-            let msg = format!("{} calls in progress on this connection", self.calls.len());
-            return Some(WireError::new(WireErrorCode::Overloaded, msg));
-        }
-        let max = self.link.max_message_size.min(self.link.max_read_size);
-        match desc {
-            Some(d) if d.len > max => Some(WireError::new(
-                WireErrorCode::PayloadTooLarge,
-                format!("request of {} bytes exceeds the server's limit of {max}", d.len),
-            )),
-            _ => None,
-        }
     }
 
     /// Reports the outcome of an [`Op::Read`] of a request payload. The client is told the
@@ -573,5 +561,31 @@ impl ServerProto {
     /// Counters.
     pub fn stats(&self) -> ProtoStats {
         self.link.stats()
+    }
+}
+
+/// Why a new request must be refused, if it must: the server shuts down, `in_flight` calls
+/// fill the connection, or the payload it advertises is beyond what we READ.
+fn refusal(
+    shutting_down: bool,
+    in_flight: usize,
+    max_in_flight: u32,
+    link: &Link,
+    desc: Option<&RegionDesc>,
+) -> Option<WireError> {
+    if shutting_down {
+        return Some(WireError::new(WireErrorCode::ShuttingDown, "server is shutting down"));
+    }
+    if in_flight >= max_in_flight as usize {
+        let msg = format!("{in_flight} calls in progress on this connection");
+        return Some(WireError::new(WireErrorCode::Overloaded, msg));
+    }
+    let max = link.max_message_size.min(link.max_read_size);
+    match desc {
+        Some(d) if d.len > max => Some(WireError::new(
+            WireErrorCode::PayloadTooLarge,
+            format!("request of {} bytes exceeds the server's limit of {max}", d.len),
+        )),
+        _ => None,
     }
 }
