@@ -84,10 +84,16 @@ impl DeadlineQueue {
     }
 
     /// Adds the noted entries whose call `is_live` says is still live ([`DeadlineQueue::defer`]).
+    /// `live` is the number of calls live: with none (a server whose calls were all answered in
+    /// the round they came in), the notes are dropped without asking about each.
     #[inline]
     pub fn settle(&mut self, live: usize, is_live: impl Fn(u64, Instant) -> bool) {
         if !self.deferred.is_empty() {
-            self.settle_deferred(live, is_live);
+            if live == 0 {
+                self.deferred.clear();
+            } else {
+                self.settle_deferred(live, is_live);
+            }
         }
     }
 
@@ -245,6 +251,11 @@ mod tests {
             live.insert(id);
         }
         assert_eq!(q.len(), 0, "noted, not added");
+        // With no call live, a settle drops the notes without asking about each.
+        let mut idle = DeadlineQueue::default();
+        idle.defer(at(10), 9, 1, |_, _| true);
+        idle.settle(0, |_, _| panic!("no call is live"));
+        assert!(idle.deferred.is_empty() && idle.is_empty() && idle.take_added().is_none());
         // Calls 0 and 2 ended before the look: they never enter.
         live.remove(&0);
         live.remove(&2);
