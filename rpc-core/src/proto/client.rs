@@ -458,9 +458,7 @@ impl ClientProto {
     /// Returns whether the call was in progress.
     pub fn cancel(&mut self, call_id: u64) -> bool {
         let Some(call) = self.calls.remove(&call_id) else { return false };
-        if let Some(at) = call.deadline {
-            self.deadlines.forget(at, call_id);
-        }
+        self.deadlines.forget(call.deadline, call_id);
         self.link.stats.cancels += 1;
         self.abandon(call_id, call);
         true
@@ -544,9 +542,7 @@ impl ClientProto {
 
     /// Reports the end of a call already taken out of the table.
     fn completed(&mut self, call_id: u64, call: Call, result: Result<Received, CallFailure>) {
-        if let Some(at) = call.deadline {
-            self.deadlines.forget(at, call_id);
-        }
+        self.deadlines.forget(call.deadline, call_id);
         self.link.stats.calls_completed += 1;
         self.events.push_back(ClientEvent::Completed { call_id, result, info: call.info });
     }

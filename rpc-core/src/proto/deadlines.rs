@@ -59,8 +59,10 @@ impl DeadlineQueue {
     /// ordered entries: the call started latest (a lone call always is) or the one that expires
     /// first (calls that end in the order they started). Those are the common ends, and they
     /// leave no dead entry behind to be skipped or pruned; any other stays until then, as before.
+    /// `at` is the call's deadline as its owner keeps it: a call without one has no entry.
     #[inline]
-    pub fn forget(&mut self, at: Instant, id: u64) {
+    pub fn forget(&mut self, at: Option<Instant>, id: u64) {
+        let Some(at) = at else { return };
         if self.ordered.back() == Some(&(at, id)) {
             self.ordered.pop_back();
         } else if self.ordered.front() == Some(&(at, id)) {
@@ -214,7 +216,7 @@ mod tests {
         for id in 0..1_000u64 {
             q.push_pruned(at(1_000 + id), id, 1, |_, _| panic!("nothing to prune"));
             assert_eq!(q.len(), 1);
-            q.forget(at(1_000 + id), id);
+            q.forget(Some(at(1_000 + id)), id);
             assert!(q.is_empty());
         }
         // Calls in flight together that end in the order they started (from the front), and the
@@ -222,21 +224,21 @@ mod tests {
         for id in 0..5u64 {
             q.push_pruned(at(10 * (id + 1)), id, 5, |_, _| true);
         }
-        q.forget(at(10), 0);
-        q.forget(at(50), 4);
+        q.forget(Some(at(10)), 0);
+        q.forget(Some(at(50)), 4);
         assert_eq!(q.len(), 3);
         // One in the middle stays until it comes first, and is skipped there as before.
-        q.forget(at(30), 2);
+        q.forget(Some(at(30)), 2);
         assert_eq!(q.len(), 3);
         // An entry with the same id but another expiry (not this call's) is not touched.
-        q.forget(at(25), 1);
+        q.forget(Some(at(25)), 1);
         assert_eq!(q.len(), 3);
         assert_eq!(q.next(|id, _| id != 2), Some(at(20)));
         assert_eq!(q.expired(at(100)).into_iter().map(|(id, _)| id).collect::<Vec<_>>(), [1, 2, 3]);
         // Entries out of order (in the heap) are left there.
         q.push_pruned(at(50), 7, 4, |_, _| true);
         q.push_pruned(at(45), 8, 4, |_, _| true);
-        q.forget(at(45), 8);
+        q.forget(Some(at(45)), 8);
         assert_eq!(q.len(), 2);
     }
 
@@ -329,7 +331,7 @@ mod tests {
                     _ => model[(seed >> 24) as usize % model.len()],
                 };
                 let before = q.len();
-                q.forget(at, gone);
+                q.forget(Some(at), gone);
                 if q.len() < before {
                     model.retain(|e| *e != (at, gone));
                     forgotten += 1;

@@ -352,14 +352,14 @@ impl ServerProto {
             other => other,
         };
         match payload {
+            // The call's deadline entry goes with it (it is in the queue when a handler in a
+            // task of its own answers in a later round than its request came in).
             Err(e) => {
-                let call = call.remove();
-                self.forget_deadline(call_id, call);
+                self.deadlines.forget(call.remove().deadline, call_id);
                 self.queue_error(call_id, &e);
             }
             Ok(p) if p.len() <= self.link.eager_limit => {
-                let call = call.remove();
-                self.forget_deadline(call_id, call);
+                self.deadlines.forget(call.remove().deadline, call_id);
                 self.link.stats.eager_sent += 1;
                 self.link.stats.calls_completed += 1;
                 self.queue_response(call_id, 0, p);
@@ -371,16 +371,6 @@ impl ServerProto {
             }
         }
         true
-    }
-
-    /// Drops the deadline entry of a call that ended, when that is cheap (see
-    /// [`DeadlineQueue::forget`]): a handler that ran in a task of its own answers in a later
-    /// round than its request came in, after its entry joined the queue.
-    #[inline]
-    fn forget_deadline(&mut self, call_id: u64, call: Call) {
-        if let Some(at) = call.deadline {
-            self.deadlines.forget(at, call_id);
-        }
     }
 
     /// Reports the outcome of an [`Op::Register`] of a response payload.
@@ -428,9 +418,7 @@ impl ServerProto {
     /// revoked: the client may be READing it; it goes with the client's done report.
     fn on_cancel(&mut self, call_id: u64, reason: CancelReason) {
         let Some(call) = self.calls.remove(&call_id) else { return };
-        if let Some(at) = call.deadline {
-            self.deadlines.forget(at, call_id);
-        }
+        self.deadlines.forget(call.deadline, call_id);
         self.link.rdv.budget.release_estimate(call.reserved);
         match reason {
             CancelReason::Cancelled => self.link.stats.cancels += 1,

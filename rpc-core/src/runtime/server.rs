@@ -847,18 +847,19 @@ impl ServerDriver {
         Ok(progressed)
     }
 
+    /// Brings the connection's slot of the board up to date, field by field in place (no
+    /// `ConnStats` built and copied in: it runs after every poll that did work).
     fn publish_stats(&self) {
-        let stats = ConnStats {
-            proto: self.proto.stats(),
-            transport: self.conn.counters(),
-            calls_in_flight: self.proto.calls_in_flight(),
-            driver_polls: self.polls,
-            caller_passes: 0,
-            handlers_inline: self.handlers_inline,
-            handlers_spawned: self.handlers_spawned,
-            handler_boxes: self.boxes.made(),
-        };
-        self.stats_slot.publish(stats);
+        // The transport's counters are read under its own lock, before the slot's is taken.
+        let transport = self.conn.counters();
+        let mut slot = self.stats_slot.stats.lock();
+        slot.proto = self.proto.stats();
+        slot.transport = transport;
+        slot.calls_in_flight = self.proto.calls_in_flight();
+        slot.driver_polls = self.polls;
+        slot.handlers_inline = self.handlers_inline;
+        slot.handlers_spawned = self.handlers_spawned;
+        slot.handler_boxes = self.boxes.made();
     }
 
     fn stop(&mut self) {
@@ -963,12 +964,6 @@ impl StatsBoard {
         let open = self.open.lock();
         let closed = *self.closed.lock();
         open.values().fold(closed, |acc, s| acc.sum(&s.lock()))
-    }
-}
-
-impl StatsSlot {
-    fn publish(&self, stats: ConnStats) {
-        *self.stats.lock() = stats;
     }
 }
 
