@@ -853,13 +853,24 @@ impl ServerDriver {
         // The transport's counters are read under its own lock, before the slot's is taken.
         let transport = self.conn.counters();
         let mut slot = self.stats_slot.stats.lock();
-        slot.proto = self.proto.stats();
-        slot.transport = transport;
-        slot.calls_in_flight = self.proto.calls_in_flight();
-        slot.driver_polls = self.polls;
-        slot.handlers_inline = self.handlers_inline;
-        slot.handlers_spawned = self.handlers_spawned;
-        slot.handler_boxes = self.boxes.made();
+        // Every field named (no `..`): one added to `ConnStats` must be published here too.
+        let ConnStats {
+            proto,
+            transport: slot_transport,
+            calls_in_flight,
+            driver_polls,
+            caller_passes: _, // a client's; 0 on a server, as the slot started
+            handlers_inline,
+            handlers_spawned,
+            handler_boxes,
+        } = &mut *slot;
+        *proto = self.proto.stats();
+        *slot_transport = transport;
+        *calls_in_flight = self.proto.calls_in_flight();
+        *driver_polls = self.polls;
+        *handlers_inline = self.handlers_inline;
+        *handlers_spawned = self.handlers_spawned;
+        *handler_boxes = self.boxes.made();
     }
 
     fn stop(&mut self) {
