@@ -52,6 +52,11 @@ pub struct ProtoSettings {
     /// Calls in flight per connection.
     #[arg(long, default_value_t = ProtoConfig::default().max_in_flight)]
     pub max_in_flight: u32,
+    /// Run each handler in a task of its own, as `ServerConfig`'s default does, instead of in
+    /// the connection's driver (`ServerConfig::inline_handlers`, which the harness turns on: the
+    /// benchmark service's handlers answer at once).
+    #[arg(long)]
+    pub handlers_in_tasks: bool,
 }
 
 impl Default for ProtoSettings {
@@ -61,6 +66,7 @@ impl Default for ProtoSettings {
             eager_threshold: d.eager_threshold,
             recv_depth: d.recv_depth,
             max_in_flight: d.max_in_flight,
+            handlers_in_tasks: false,
         }
     }
 }
@@ -76,20 +82,28 @@ impl ProtoSettings {
 
     /// The server config for these settings (handlers bounded high: the load decides).
     pub fn server_config(&self) -> ServerConfig {
-        // The benchmark service's handlers answer at once: they run in the connection's driver.
-        ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16).inline_handlers(true)
+        // The benchmark service's handlers answer at once: they run in the connection's driver
+        // unless asked otherwise.
+        ServerConfig::default()
+            .proto(self.proto())
+            .max_concurrent_handlers(1 << 16)
+            .inline_handlers(!self.handlers_in_tasks)
     }
 
     /// The `--flag value` arguments that give a child process the same settings.
     pub fn to_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             "--eager-threshold".into(),
             self.eager_threshold.to_string(),
             "--recv-depth".into(),
             self.recv_depth.to_string(),
             "--max-in-flight".into(),
             self.max_in_flight.to_string(),
-        ]
+        ];
+        if self.handlers_in_tasks {
+            args.push("--handlers-in-tasks".into());
+        }
+        args
     }
 }
 
@@ -231,10 +245,13 @@ mod tests {
             #[command(flatten)]
             s: ProtoSettings,
         }
-        let s = ProtoSettings { eager_threshold: 4096, recv_depth: 16, max_in_flight: 7 };
-        let mut args = vec!["p".to_string()];
-        args.extend(s.to_args());
-        let parsed = <P as clap::Parser>::try_parse_from(args).unwrap();
-        assert_eq!(parsed.s, s);
+        for handlers_in_tasks in [false, true] {
+            let s =
+                ProtoSettings { eager_threshold: 4096, recv_depth: 16, max_in_flight: 7, handlers_in_tasks };
+            let mut args = vec!["p".to_string()];
+            args.extend(s.to_args());
+            let parsed = <P as clap::Parser>::try_parse_from(args).unwrap();
+            assert_eq!(parsed.s, s);
+        }
     }
 }

@@ -304,6 +304,17 @@ impl Context {
         Context { inner: Arc::new(Inner { method, method_id, call_id, peer, deadline, metadata }) }
     }
 
+    /// This context emptied of its call's metadata, to be kept for a later call; `None` if
+    /// something else still holds it (a handler that kept a clone): it cannot be reused.
+    pub(crate) fn recycled(mut self) -> Option<Context> {
+        let inner = Arc::get_mut(&mut self.inner)?;
+        inner.metadata = Metadata::new();
+        Some(self)
+    }
+
+    /// Heap bytes a kept context holds (its metadata emptied: [`Context::recycled`]).
+    pub(crate) const KEPT_BYTES: usize = std::mem::size_of::<Inner>() + 2 * std::mem::size_of::<usize>();
+
     /// Where its state lives (tests of its reuse).
     #[cfg(test)]
     pub(crate) fn addr(&self) -> *const () {

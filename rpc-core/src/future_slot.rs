@@ -9,6 +9,10 @@
 //! written into it. The call's context and the pool come back with the box
 //! ([`HandlerBoxes::give_back`]), for the next call (no reference count taken and dropped per
 //! call). A handler that waits takes its box into its task and sends it back with its answer.
+//!
+//! A connection keeps the boxes and contexts of as many handlers as ran at once (handlers in
+//! tasks of their own, many calls in flight: each holds its box and context until it
+//! finishes), up to [`SPARE_BYTES`], so that the next burst allocates nothing either.
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -29,10 +33,16 @@ use crate::error::ServiceError;
 /// What a handler ends with: the service's answer, or the payload of its panic.
 pub(crate) type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>>;
 
-/// The most empty boxes a connection keeps: enough for a service whose methods' futures have
-/// a few different layouts, called in turn. A box is as large as the largest future made in it
-/// (a few hundred bytes for most handlers), so this bounds the memory a connection keeps idle.
+/// Empty boxes a connection keeps whatever their size: enough for a service whose methods'
+/// futures have a few different layouts, called in turn. A box is as large as the future made
+/// in it (a few hundred bytes for most handlers).
 const SPARE_BOXES: usize = 4;
+
+/// Beyond [`SPARE_BOXES`] boxes and one context, what a connection keeps of its finished
+/// handlers' boxes and contexts, in bytes (a box counts its future's size, a context
+/// [`context::Context::KEPT_BYTES`]): with handlers of a few hundred bytes, those of 64 or
+/// more handlers that ran at once. The oldest go first.
+pub(crate) const SPARE_BYTES: usize = 32 << 10;
 
 /// Where a service puts the future of one call ([`Service::call_in`](crate::Service::call_in)):
 /// a box the connection lends, reused when the future has the layout of an earlier call's.
@@ -138,12 +148,19 @@ impl Drop for ServiceFuture {
     }
 }
 
-/// A connection's empty handler boxes, each with the layout of the future it was made for
-/// (at most [`SPARE_BOXES`]; the least recently used one goes first), and how many boxes were
-/// made.
+/// A connection's empty handler boxes, each with the layout of the future it was made for,
+/// the contexts (and the pool) its finished handlers ran with, and how many boxes were made.
+/// Bounded by [`SPARE_BOXES`] and [`SPARE_BYTES`]; the least recently given back go first.
 #[derive(Debug, Default)]
 pub(crate) struct HandlerBoxes {
     spares: Vec<(Layout, ReusableBoxFuture<'static, Caught>)>,
+    /// A context and pool kept as its handler left it (its metadata is replaced by the next
+    /// call's): the one a lone call, or an inline handler, reuses. Not counted in `kept_bytes`.
+    context: Option<(context::Context, MemPool)>,
+    /// More of them, emptied of their calls' metadata (the last given back at the end).
+    contexts: Vec<(context::Context, MemPool)>,
+    /// What `spares` and `contexts` count against [`SPARE_BYTES`].
+    kept_bytes: usize,
     made: u64,
 }
 
@@ -151,6 +168,18 @@ impl HandlerBoxes {
     /// The slot one call's future goes in, run with `ctx` and `pool`.
     pub(crate) fn slot(&mut self, ctx: context::Context, pool: MemPool) -> FutureSlot<'_> {
         FutureSlot { boxes: self, ctx, pool }
+    }
+
+    /// The context and pool of a finished handler, for the next call's (see
+    /// [`context::Context::new_in`]); `None` when none is kept.
+    #[inline]
+    pub(crate) fn take_context(&mut self) -> Option<(context::Context, MemPool)> {
+        if let Some(kept) = self.context.take() {
+            return Some(kept);
+        }
+        let kept = self.contexts.pop()?;
+        self.kept_bytes -= context::Context::KEPT_BYTES;
+        Some(kept)
     }
 
     /// Boxes made so far (each allocated once; the others were reused).
@@ -167,9 +196,11 @@ impl HandlerBoxes {
         let handler = Some(handler);
         let layout = Layout::new::<F>();
         let mut future = future;
-        // The layout is checked here: a `try_set` that fails frees the box it is called on.
-        if let Some(i) = self.spares.iter().position(|(l, _)| *l == layout) {
+        // The layout is checked here: a `try_set` that fails frees the box it is called on. The
+        // latest given back first (the end of the list: nothing after it moves).
+        if let Some(i) = self.spares.iter().rposition(|(l, _)| *l == layout) {
             let (_, mut boxed) = self.spares.remove(i);
+            self.kept_bytes -= layout.size();
             match boxed.try_set(future) {
                 Ok(()) => return ServiceFuture { boxed: Some(boxed), layout, done: false, handler },
                 // Not with the layout checked above; boxed anew below.
@@ -181,19 +212,39 @@ impl HandlerBoxes {
     }
 
     /// Keeps the box of a finished handler for a later one (one that has not finished is
-    /// dropped: its box still holds it), and returns the context and pool it ran with (`None`
-    /// if it did not finish, or panicked).
-    pub(crate) fn give_back(&mut self, mut fut: ServiceFuture) -> Option<(context::Context, MemPool)> {
+    /// dropped: its box still holds it), and the context and pool it ran with (not after a
+    /// panic: they went with it). Beyond the bounds the oldest go.
+    pub(crate) fn give_back(&mut self, mut fut: ServiceFuture) {
         if !fut.done {
-            return None;
+            return;
         }
         if let Some(boxed) = fut.boxed.take() {
-            if self.spares.len() == SPARE_BOXES {
-                self.spares.remove(0);
-            }
             self.spares.push((fut.layout, boxed));
+            self.kept_bytes += fut.layout.size();
         }
-        fut.handler.take().map(context::Handler::into_parts)
+        if let Some((ctx, pool)) = fut.handler.take().map(context::Handler::into_parts) {
+            if self.context.is_none() {
+                self.context = Some((ctx, pool));
+            } else if let Some(ctx) = ctx.recycled() {
+                self.contexts.push((ctx, pool));
+                self.kept_bytes += context::Context::KEPT_BYTES;
+            }
+        }
+        // They come back in pairs: a context goes first while there are more of them than boxes.
+        while self.kept_bytes > SPARE_BYTES {
+            if self.contexts.len() >= self.spares.len() && !self.contexts.is_empty() {
+                self.contexts.remove(0);
+                self.kept_bytes -= context::Context::KEPT_BYTES;
+            } else if self.spares.len() > SPARE_BOXES {
+                let (layout, _) = self.spares.remove(0);
+                self.kept_bytes -= layout.size();
+            } else if !self.contexts.is_empty() {
+                self.contexts.remove(0);
+                self.kept_bytes -= context::Context::KEPT_BYTES;
+            } else {
+                break;
+            }
+        }
     }
 }
 
@@ -244,23 +295,26 @@ mod tests {
         assert_eq!(boxes.spares.len(), 2);
     }
 
+    /// A future of `N` bytes (and a few more) that finishes at once.
+    fn sized<const N: usize>() -> impl Future<Output = Result<Bytes, ServiceError>> + Send {
+        let pad = [0u8; N];
+        async move { Ok(Bytes::from(pad.len().to_string())) }
+    }
+
     #[test]
-    fn an_unfinished_handler_box_is_not_kept_and_spares_are_bounded() {
+    fn an_unfinished_handler_box_is_not_kept_and_large_spares_are_bounded() {
         let mut boxes = HandlerBoxes::default();
         let pending = boxes.slot(ctx(), pool()).put(futures::future::pending());
         boxes.give_back(pending);
         assert!(boxes.spares.is_empty(), "a box that still holds a future is dropped");
-        // Futures of more layouts than spares are kept: the oldest box goes.
-        fn sized<const N: usize>() -> impl Future<Output = Result<Bytes, ServiceError>> + Send {
-            let pad = [0u8; N];
-            async move { Ok(Bytes::from(pad.len().to_string())) }
-        }
+        // Five boxes of 12 KiB are more than SPARE_BYTES: the first SPARE_BOXES are kept
+        // whatever their size, and the oldest goes.
         let mut futs = vec![
-            boxes.slot(ctx(), pool()).put(sized::<8>()),
-            boxes.slot(ctx(), pool()).put(sized::<64>()),
-            boxes.slot(ctx(), pool()).put(sized::<128>()),
-            boxes.slot(ctx(), pool()).put(sized::<256>()),
-            boxes.slot(ctx(), pool()).put(sized::<512>()),
+            boxes.slot(ctx(), pool()).put(sized::<12_000>()),
+            boxes.slot(ctx(), pool()).put(sized::<12_001>()),
+            boxes.slot(ctx(), pool()).put(sized::<12_002>()),
+            boxes.slot(ctx(), pool()).put(sized::<12_003>()),
+            boxes.slot(ctx(), pool()).put(sized::<12_004>()),
         ];
         for fut in &mut futs {
             assert!(run(fut).is_ok());
@@ -270,13 +324,103 @@ mod tests {
         }
         assert_eq!(boxes.spares.len(), SPARE_BOXES);
         let made = boxes.made();
-        // The first (8 bytes of padding) was dropped; 512 is still there.
-        let mut again = boxes.slot(ctx(), pool()).put(sized::<512>());
+        // The first (12,000 bytes of padding) was dropped; the last is still there.
+        let mut again = boxes.slot(ctx(), pool()).put(sized::<12_004>());
         assert!(run(&mut again).is_ok());
         assert_eq!(boxes.made(), made);
-        let mut first = boxes.slot(ctx(), pool()).put(sized::<8>());
+        let mut first = boxes.slot(ctx(), pool()).put(sized::<12_000>());
         assert!(run(&mut first).is_ok());
         assert_eq!(boxes.made(), made + 1);
+    }
+
+    #[test]
+    fn the_boxes_and_contexts_of_handlers_that_ran_at_once_are_kept_up_to_spare_bytes() {
+        let mut boxes = HandlerBoxes::default();
+        // 64 handlers at once (each holds its box and context until it finishes), twice: the
+        // second burst makes no box and no context.
+        let mut addrs = Vec::new();
+        for burst in 0..2 {
+            let mut futs: Vec<_> = (0..64)
+                .map(|_| {
+                    let spare = boxes.take_context().map(|(c, _)| c);
+                    let c = context::Context::new_in(
+                        spare,
+                        "T.m",
+                        1,
+                        1,
+                        &Arc::from("peer"),
+                        None,
+                        Default::default(),
+                    );
+                    if burst == 1 {
+                        assert!(addrs.contains(&c.addr()), "a context of the first burst");
+                    } else {
+                        addrs.push(c.addr());
+                    }
+                    boxes.slot(c, pool()).put(sized::<100>())
+                })
+                .collect();
+            for fut in &mut futs {
+                assert!(run(fut).is_ok());
+            }
+            for fut in futs {
+                boxes.give_back(fut);
+            }
+            assert_eq!((boxes.spares.len(), 1 + boxes.contexts.len()), (64, 64), "burst {burst}");
+            assert_eq!(boxes.made(), 64, "burst {burst}");
+        }
+        // Past SPARE_BYTES the oldest go, boxes and contexts alike; what is kept stays under
+        // the bound.
+        let futs: Vec<_> = (0..2_000).map(|_| boxes.slot(ctx(), pool()).put(sized::<100>())).collect();
+        let mut futs = futs;
+        for fut in &mut futs {
+            assert!(run(fut).is_ok());
+        }
+        for fut in futs {
+            boxes.give_back(fut);
+        }
+        let box_size = boxes.spares[0].0.size();
+        let held = boxes.spares.len() * box_size + boxes.contexts.len() * context::Context::KEPT_BYTES;
+        assert!(held <= SPARE_BYTES, "{held} bytes kept");
+        assert!(boxes.spares.len() > 64, "as many boxes as fit: {}", boxes.spares.len());
+        assert!((1 + boxes.contexts.len()).abs_diff(boxes.spares.len()) <= 1, "about as many contexts");
+        assert_eq!(held, boxes.kept_bytes);
+        // Taking everything back leaves nothing counted.
+        while boxes.take_context().is_some() {}
+        assert_eq!(boxes.kept_bytes, boxes.spares.len() * box_size);
+    }
+
+    #[test]
+    fn a_kept_context_beyond_the_first_holds_no_metadata_and_a_shared_one_is_not_kept() {
+        let mut boxes = HandlerBoxes::default();
+        let with_metadata = || {
+            let mut m = context::Metadata::new();
+            m.insert("k", "v").unwrap();
+            context::Context::new_in(None, "T.m", 1, 1, &Arc::from("peer"), None, m)
+        };
+        let (kept_tx, kept_rx) = std::sync::mpsc::channel();
+        let mut futs = vec![
+            boxes.slot(with_metadata(), pool()).put(sized::<8>()),
+            boxes.slot(with_metadata(), pool()).put(sized::<8>()),
+            boxes.slot(with_metadata(), pool()).put(async move {
+                kept_tx.send(context::current()).unwrap();
+                Ok(Bytes::new())
+            }),
+        ];
+        for fut in &mut futs {
+            assert!(run(fut).is_ok());
+        }
+        for fut in futs {
+            boxes.give_back(fut);
+        }
+        let _held_by_the_handler = kept_rx.recv().unwrap();
+        assert_eq!(1 + boxes.contexts.len(), 2, "the shared one is not kept");
+        let (first, _) = boxes.take_context().unwrap();
+        assert_eq!(first.metadata().get("k"), Some("v"), "the first is kept as it is");
+        let (second, _) = boxes.take_context().unwrap();
+        assert!(second.metadata().is_empty(), "emptied");
+        assert!(boxes.take_context().is_none());
+        assert_eq!(boxes.kept_bytes, boxes.spares.iter().map(|(l, _)| l.size()).sum::<usize>());
     }
 
     #[test]
@@ -309,8 +453,9 @@ mod tests {
         assert_eq!(Arc::strong_count(&held), 2);
         assert_eq!(run(&mut fut).unwrap().unwrap(), Bytes::from_static(b"T.m"));
         assert_eq!(Arc::strong_count(&held), 1, "the future's captures are dropped when it finishes");
-        assert!(boxes.give_back(fut).is_some());
+        boxes.give_back(fut);
         assert_eq!(boxes.spares.len(), 1);
+        assert!(boxes.context.is_some(), "its context is kept");
     }
 
     #[test]
@@ -362,7 +507,8 @@ mod tests {
         let (c, p) = (ctx(), pool());
         let mut fut = boxes.slot(c, p.clone()).put(async { Ok(Bytes::new()) });
         assert!(run(&mut fut).is_ok());
-        let (mut c, back) = boxes.give_back(fut).expect("a finished handler's context and pool");
+        boxes.give_back(fut);
+        let (mut c, back) = boxes.take_context().expect("a finished handler's context and pool");
         let buf = p.alloc(64).unwrap().freeze();
         assert!(back.contains(&buf), "the connection's pool");
         // Nothing else holds the context: the next call's is written in its memory.
@@ -379,7 +525,8 @@ mod tests {
             Ok(Bytes::new())
         });
         assert!(run(&mut fut).is_ok());
-        let (c, _) = boxes.give_back(fut).expect("a finished handler's context and pool");
+        boxes.give_back(fut);
+        let (c, _) = boxes.take_context().expect("a finished handler's context and pool");
         let kept = kept_rx.recv().unwrap().expect("the context was current");
         assert_eq!(kept.call_id(), c.call_id());
         // A handler that panicked: its context and pool went with it; an unfinished one keeps them.
@@ -388,8 +535,10 @@ mod tests {
         };
         let mut fut = boxes.slot(c, pool()).put(boom);
         assert!(run(&mut fut).is_err());
-        assert!(boxes.give_back(fut).is_none());
+        boxes.give_back(fut);
+        assert!(boxes.take_context().is_none());
         let pending = boxes.slot(ctx(), pool()).put(futures::future::pending());
-        assert!(boxes.give_back(pending).is_none());
+        boxes.give_back(pending);
+        assert!(boxes.take_context().is_none());
     }
 }

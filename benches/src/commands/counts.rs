@@ -133,7 +133,7 @@ pub(super) async fn counts(args: CountsArgs) -> Result<(), BenchError> {
         }
     }
     print(&args, &rows);
-    let (_server, _client, stub) = serve_and_connect("mem").await?;
+    let (_server, _client, stub) = serve_and_connect("mem", args.handlers_in_tasks).await?;
     let (echo, increment) = future_sizes(&stub);
     println!();
     println!(
@@ -181,8 +181,11 @@ async fn measured_calls(
 }
 
 /// A server on `transport` in this process and a client connected to it (and its stub).
-async fn serve_and_connect(transport: &str) -> Result<(Server, Client, BenchClient), BenchError> {
-    let settings = ProtoSettings::default();
+async fn serve_and_connect(
+    transport: &str,
+    handlers_in_tasks: bool,
+) -> Result<(Server, Client, BenchClient), BenchError> {
+    let settings = ProtoSettings { handlers_in_tasks, ..ProtoSettings::default() };
     let listen = listen_address(transport);
     let server = Server::bind(&listen, settings.server_config(), BenchServer::new(BenchImpl::new()))
         .await
@@ -196,7 +199,7 @@ async fn serve_and_connect(transport: &str) -> Result<(Server, Client, BenchClie
 }
 
 async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<Row, BenchError> {
-    let (server, client, stub) = serve_and_connect(transport).await?;
+    let (server, client, stub) = serve_and_connect(transport, args.handlers_in_tasks).await?;
     warm_up(&stub, kind, args).await?;
     let (client0, server0) = snapshot(&client, &server).await?;
     let m = measured_calls(&stub, kind, args).await?;
@@ -225,7 +228,7 @@ async fn measure(transport: &str, kind: CallKind, args: &CountsArgs) -> Result<R
 /// share of `--calls` calls in a loop. The tasks are spawned and wait at a gate before the counts
 /// are read, and every payload is shared before then, so that what is counted is the calls'.
 async fn measure_pipelined(transport: &str, args: &CountsArgs) -> Result<Row, BenchError> {
-    let (server, client, stub) = serve_and_connect(transport).await?;
+    let (server, client, stub) = serve_and_connect(transport, args.handlers_in_tasks).await?;
     let per_task = (args.calls / args.outstanding as u64).max(1);
     let data = Bytes::from(vec![0x5au8; args.size]);
     // Shared from now on: a clone allocates nothing.
@@ -386,11 +389,15 @@ async fn snapshot(client: &Client, server: &Server) -> Result<(ConnStats, ConnSt
 fn print(args: &CountsArgs, rows: &[Row]) {
     println!(
         "{} calls after {} warm-up, one outstanding, client and server in this process (current-thread \
-         runtime) unless said otherwise (\"N in flight\": N tasks calling at once, {} calls in all); per \
-         call:",
+         runtime) unless said otherwise (\"N in flight\": N tasks calling at once, {} calls in all); the \
+         server's handlers {}; per call:",
         args.calls,
         args.warmup,
-        (args.calls / args.outstanding.max(1) as u64).max(1) * args.outstanding as u64
+        (args.calls / args.outstanding.max(1) as u64).max(1) * args.outstanding as u64,
+        match args.handlers_in_tasks {
+            true => "in tasks of their own (`--handlers-in-tasks`, ServerConfig's default)",
+            false => "in the connection's driver (ServerConfig::inline_handlers)",
+        }
     );
     println!();
     println!(

@@ -158,7 +158,9 @@ pub struct ServerConfig {
     pub max_handlers_per_connection: usize,
     /// Connections open at once. Further connections are not accepted (they wait in the
     /// transport's backlog) until one closes. Default 1024. Each costs its receive pool,
-    /// `(recv_depth + 1) * (40 + eager_threshold)` bytes (520 KiB with the defaults).
+    /// `(recv_depth + 1) * (40 + eager_threshold)` bytes (520 KiB with the defaults), and keeps
+    /// up to 32 KiB of its finished handlers' emptied boxes and contexts for the next ones (at
+    /// least 4 boxes whatever their size), so that handlers in tasks allocate only their task.
     pub max_connections: usize,
     /// Rendezvous bytes all connections together may hold (READ destinations in flight and
     /// response regions awaiting the client's READ). Default 1 GiB. Each connection is also held

@@ -312,7 +312,6 @@ impl Acceptor {
             stats_slot: self.board.slot(),
             polls: 0,
             boxes: HandlerBoxes::default(),
-            spare_handler: None,
         };
         connections.spawn(driver.instrument(span));
     }
@@ -469,11 +468,10 @@ struct ServerDriver {
     stats_slot: StatsSlot,
     /// Times this driver was polled (for [`ConnStats`]).
     polls: u64,
-    /// The boxes of finished handlers, emptied, for the next ones' futures.
+    /// The boxes of finished handlers, emptied, for the next ones' futures, and the contexts
+    /// and pool they ran with, for the next ones' (a context is reused if its handler kept no
+    /// clone of it).
     boxes: HandlerBoxes,
-    /// The context and pool of the last handler that finished, for the next one (the context
-    /// is reused if the handler kept no clone of it).
-    spare_handler: Option<(context::Context, rpc_transport::MemPool)>,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -580,7 +578,7 @@ impl ServerDriver {
             call.span.record("trace_id", tracing::field::display(trace));
         }
         let deadline = timeout.and_then(|t| arrived.checked_add(t));
-        let (spare_ctx, pool) = match self.spare_handler.take() {
+        let (spare_ctx, pool) = match self.boxes.take_context() {
             Some((ctx, pool)) => (Some(ctx), pool),
             None => (None, self.conn.pool().clone()),
         };
@@ -623,7 +621,7 @@ impl ServerDriver {
                 self.scratch.clock.reset();
                 // The box, context and pool are kept for the next handler (the box holds
                 // nothing of this one any more).
-                self.spare_handler = self.boxes.give_back(fut);
+                self.boxes.give_back(fut);
                 self.close(&call, None, answered);
                 return;
             }
@@ -774,9 +772,7 @@ impl ServerDriver {
         for _ in 0..driver::COMPLETION_BATCH {
             let Poll::Ready(Some((call_id, spawn, result, fut))) = self.results.poll_recv(cx) else { break };
             progressed = true;
-            if let Some(spare) = self.boxes.give_back(fut) {
-                self.spare_handler = Some(spare);
-            }
+            self.boxes.give_back(fut);
             // One lookup: the entry is taken only if it is this spawn's.
             if let Entry::Occupied(entry) = self.handlers.entry(call_id) {
                 if entry.get().spawn == spawn {

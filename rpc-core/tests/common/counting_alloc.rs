@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicUsize = AtomicUsize::new(0);
+/// Allocations made (a reallocation counts as one: a buffer that grows).
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 /// The allocator: [`System`], counted.
 #[derive(Debug, Clone, Copy, Default)]
@@ -30,6 +32,7 @@ pub struct Counting;
 
 fn grow(n: usize) {
     INSTALLED.store(1, Relaxed);
+    ALLOCATIONS.fetch_add(1, Relaxed);
     let now = CURRENT.fetch_add(n, Relaxed).wrapping_add(n);
     PEAK.fetch_max(now, Relaxed);
 }
@@ -73,6 +76,7 @@ unsafe impl GlobalAlloc for Counting {
             if new_size >= layout.size() {
                 grow(new_size - layout.size());
             } else {
+                ALLOCATIONS.fetch_add(1, Relaxed);
                 shrink(layout.size() - new_size);
             }
         }
@@ -83,6 +87,12 @@ unsafe impl GlobalAlloc for Counting {
 /// Bytes allocated and not yet freed, process-wide.
 pub fn current() -> usize {
     CURRENT.load(Relaxed)
+}
+
+/// Allocations made so far, process-wide (`alloc`, `alloc_zeroed` and `realloc` calls that
+/// succeeded).
+pub fn allocations() -> usize {
+    ALLOCATIONS.load(Relaxed)
 }
 
 /// The most bytes allocated at once since the last [`reset_peak`].
