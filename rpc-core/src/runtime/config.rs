@@ -160,7 +160,8 @@ pub struct ServerConfig {
     /// transport's backlog) until one closes. Default 1024. Each costs its receive pool,
     /// `(recv_depth + 1) * (40 + eager_threshold)` bytes (520 KiB with the defaults), and keeps
     /// up to 32 KiB of its finished handlers' emptied boxes and contexts for the next ones (at
-    /// least 4 boxes whatever their size), so that handlers in tasks allocate only their task.
+    /// least 4 boxes whatever their size) and up to 64 idle handler tasks (a few hundred bytes
+    /// each), so that its handlers allocate nothing per call.
     pub max_connections: usize,
     /// Rendezvous bytes all connections together may hold (READ destinations in flight and
     /// response regions awaiting the client's READ). Default 1 GiB. Each connection is also held
@@ -179,10 +180,11 @@ pub struct ServerConfig {
     /// The verbs backend's settings for `rdma://` addresses (see [`ClientConfig::rdma`]).
     pub rdma: rpc_transport::RdmaSettings,
     /// Run each handler's first poll in the connection's driver. Default `false` (every
-    /// handler runs in a task of its own, as in tarpc and tonic). When on, a handler that
-    /// finishes without waiting (most small ones) is answered at once: no task spawned, no
+    /// handler runs in a task of its own, as in tarpc and tonic: one of the connection's handler
+    /// tasks, kept from one handler to the next, so none is allocated per call). When on, a
+    /// handler that finishes without waiting (most small ones) is answered at once: no task, no
     /// channel, no extra wake-up (about a quarter of a small call's instructions, see
-    /// BENCHMARKS.md); one that waits is moved to a task of its own and carries on there. The
+    /// BENCHMARKS.md); one that waits is moved to a task and carries on there. The
     /// cost: a handler that computes for long before its first `.await` stalls its whole
     /// connection by that long, its other calls and its keepalive answers included (a client
     /// declares the connection dead after [`ProtoConfig::idle_timeout`] of silence). Turn it on

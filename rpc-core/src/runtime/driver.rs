@@ -47,8 +47,9 @@ pub struct ConnStats {
     /// Handlers that finished in their first poll, run inline in the connection's driver (no
     /// task spawned; see `ServerConfig::inline_handlers`). A server's; 0 on a client.
     pub handlers_inline: u64,
-    /// Handler tasks the connection's driver spawned (they waited in their first poll, or
-    /// `inline_handlers` is off). A server's; 0 on a client.
+    /// Handlers the connection's driver ran in tasks (they waited in their first poll, or
+    /// `inline_handlers` is off): in its handler tasks, each kept from one handler to the next.
+    /// A server's; 0 on a client.
     pub handlers_spawned: u64,
     /// Boxes the connection allocated for its handlers' futures (a server's; 0 on a client):
     /// a handler's future goes in the box of an earlier one that finished if one has its

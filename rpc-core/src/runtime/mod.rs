@@ -9,6 +9,7 @@ mod client;
 mod commands;
 mod config;
 pub(crate) mod driver;
+mod handler_tasks;
 mod handshake;
 pub(crate) mod observe;
 mod server;

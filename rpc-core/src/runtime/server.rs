@@ -16,11 +16,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use rpc_transport::{Address, Connection, Listener, Received};
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::config::ServerConfig;
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
+use super::handler_tasks::{HandlerTask, HandlerTasks, Job};
 use super::handshake;
 use super::observe::{self, ServerMethod, ServerOutcome};
 use crate::context::{self, Metadata};
@@ -135,7 +136,7 @@ impl Drop for Server {
 pub struct ServerResources {
     /// Connections open (at most `max_connections`).
     pub open_connections: usize,
-    /// Handler tasks running (at most `max_concurrent_handlers`). A handler that finishes in
+    /// Handlers running in tasks (at most `max_concurrent_handlers`). A handler that finishes in
     /// its first poll, inline in its connection's driver ([`ServerConfig::inline_handlers`]),
     /// never becomes a task and is not counted.
     pub handlers_running: usize,
@@ -185,8 +186,8 @@ impl Drop for OpenConnection {
     }
 }
 
-/// A running handler's server-wide slot; given back when the task ends or is aborted.
-struct HandlerSlot {
+/// A running handler's server-wide slot; given back when its handler ends or is aborted.
+pub(super) struct HandlerSlot {
     _permit: OwnedSemaphorePermit,
     resources: Arc<Resources>,
 }
@@ -299,8 +300,8 @@ impl Acceptor {
             resources: self.resources.clone(),
             _open: OpenConnection::new(self.resources.clone()),
             handlers: HashMap::new(),
+            tasks: HandlerTasks::new(results_tx),
             estimates: ResponseEstimates::new(self.service.methods()),
-            results_tx,
             results,
             scratch: driver::Scratch::new(),
             sleep: driver::Timer::new(self.config.timer_thread),
@@ -317,12 +318,12 @@ impl Acceptor {
     }
 }
 
-/// A spawned handler's call id, its spawn number ([`Running::spawn`]), its answer and its
-/// box (empty, for the connection to reuse).
-type HandlerResult = (u64, u64, Result<Bytes, WireError>, ServiceFuture);
+/// A handler task's call id, its spawn number ([`Running::spawn`]), its answer and its box
+/// (empty, for the connection to reuse).
+pub(super) type HandlerResult = (u64, u64, Result<Bytes, WireError>, ServiceFuture);
 
 /// A finished handler's answer, as it goes on the wire.
-fn handler_answer(caught: Caught) -> Result<Bytes, WireError> {
+pub(super) fn handler_answer(caught: Caught) -> Result<Bytes, WireError> {
     match caught {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => Err(e.to_wire()),
@@ -383,7 +384,9 @@ struct Waiting {
 
 /// A running handler.
 struct Running {
-    abort: AbortHandle,
+    /// The task it runs in (aborted if it is cancelled; else idle again once its result is
+    /// taken).
+    task: HandlerTask,
     call: CallReport,
     /// Which spawn this is (`handlers_spawned` then): a late answer of a cancelled handler
     /// whose call id the peer used again is not taken for the new call's.
@@ -435,7 +438,7 @@ struct ServerDriver {
     max_handlers: usize,
     /// Poll each handler once here before spawning it ([`ServerConfig::inline_handlers`]).
     inline: bool,
-    /// Handlers answered in their first poll here, and handlers spawned (published in
+    /// Handlers answered in their first poll here, and handlers run in tasks (published in
     /// [`ConnStats`]).
     handlers_inline: u64,
     handlers_spawned: u64,
@@ -446,11 +449,12 @@ struct ServerDriver {
     waiting_published: u64,
     resources: Arc<Resources>,
     _open: OpenConnection,
-    /// Running handlers: their method (to learn its response size), abort handle and span.
+    /// Running handlers: their method (to learn its response size), task and span.
     handlers: HashMap<u64, Running>,
+    /// The tasks handlers run in when they do not finish in the driver, kept for the next ones.
+    tasks: HandlerTasks,
     /// Response sizes seen per method, to reserve budget before a handler starts.
     estimates: ResponseEstimates,
-    results_tx: mpsc::UnboundedSender<HandlerResult>,
     results: mpsc::UnboundedReceiver<HandlerResult>,
     scratch: driver::Scratch,
     sleep: driver::Timer,
@@ -549,7 +553,8 @@ impl ServerDriver {
     }
 
     /// Starts one handler: polled once here when inline handlers are on (answered at once if
-    /// it finishes), else (or if it waits) spawned as a task that sends its result back.
+    /// it finishes), else (or if it waits) handed to one of the connection's handler tasks,
+    /// which sends its result back (`handler_tasks`).
     fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
         let name = self.names.index(method);
@@ -632,14 +637,8 @@ impl ServerDriver {
         let slot = HandlerSlot { _permit: permit, resources: self.resources.clone() };
         self.handlers_spawned += 1;
         let spawn = self.handlers_spawned;
-        let results = self.results_tx.clone();
-        let task = async move {
-            let _slot = slot;
-            let result = handler_answer(std::future::poll_fn(|cx| fut.poll(cx)).await);
-            let _ = results.send((call_id, spawn, result, fut));
-        };
-        let handle = tokio::spawn(task.instrument(call.span.clone()));
-        self.handlers.insert(call_id, Running { abort: handle.abort_handle(), call, spawn });
+        let task = self.tasks.run(Job { call_id, spawn, fut, slot, span: call.span.clone() });
+        self.handlers.insert(call_id, Running { task, call, spawn });
     }
 
     /// A handler that ran here, in the driver, ended: its slot is kept for the next handler of
@@ -751,7 +750,7 @@ impl ServerDriver {
                 }
                 ServerEvent::Cancel { call_id, reason } => {
                     if let Some(running) = self.handlers.remove(&call_id) {
-                        running.abort.abort();
+                        running.task.abort();
                         let outcome = match reason {
                             CancelReason::Cancelled => ServerOutcome::Cancelled,
                             CancelReason::DeadlineExceeded => ServerOutcome::DeadlineExceeded,
@@ -780,6 +779,7 @@ impl ServerDriver {
                     // One reading of the clock for all the results of this wake-up.
                     let now = self.scratch.clock.now();
                     self.finish(call_id, &running.call, result, Some(now));
+                    self.tasks.idle_again(running.task);
                 }
             }
         }
@@ -873,7 +873,7 @@ impl ServerDriver {
         self.spare_slot = None;
         self.publish_stats();
         for (_, running) in self.handlers.drain() {
-            running.abort.abort();
+            running.task.abort();
             running.call.done(&self.names, None, None, ServerOutcome::Disconnected);
         }
         self.drop_waiting();
@@ -1009,7 +1009,7 @@ impl ServerDriver {
 impl Drop for ServerDriver {
     fn drop(&mut self) {
         for (_, running) in self.handlers.drain() {
-            running.abort.abort();
+            running.task.abort();
         }
         self.drop_waiting();
     }
