@@ -71,7 +71,11 @@ impl HandlerTasks {
     /// taken: then [`HandlerTasks::idle_again`]).
     pub(super) fn run(&mut self, job: Job) -> HandlerTask {
         let task = self.idle.pop().unwrap_or_else(|| self.spawn());
-        *task.mailbox.job.lock() = Some(job);
+        let mut mailbox = task.mailbox.job.lock();
+        // An idle task took its last job out before running it.
+        debug_assert!(mailbox.is_none(), "a job handed to a busy task");
+        *mailbox = Some(job);
+        drop(mailbox);
         task.mailbox.ready.notify_one();
         task
     }
