@@ -38,10 +38,11 @@ pub(crate) type Caught = Result<Result<Bytes, ServiceError>, Box<dyn Any + Send>
 /// in it (a few hundred bytes for most handlers).
 const SPARE_BOXES: usize = 4;
 
-/// Beyond [`SPARE_BOXES`] boxes and one context, what a connection keeps of its finished
-/// handlers' boxes and contexts, in bytes (a box counts its future's size, a context
-/// [`context::Context::KEPT_BYTES`]): with handlers of a few hundred bytes, those of 64 or
-/// more handlers that ran at once. The oldest go first.
+/// What a connection keeps of its finished handlers' boxes and contexts, in bytes (a box
+/// counts its future's size, a context [`context::Context::KEPT_BYTES`], one of them not
+/// counted): with handlers of a few hundred bytes, those of 64 or more handlers that ran at
+/// once. The oldest go first, but never below [`SPARE_BOXES`] boxes and one context, whatever
+/// their size.
 pub(crate) const SPARE_BYTES: usize = 32 << 10;
 
 /// Where a service puts the future of one call ([`Service::call_in`](crate::Service::call_in)):

@@ -116,10 +116,130 @@ impl HandlerTasks {
     }
 }
 
+#[cfg(test)]
+impl HandlerTasks {
+    fn idle_tasks(&self) -> usize {
+        self.idle.len()
+    }
+}
+
 impl Drop for HandlerTasks {
     fn drop(&mut self) {
         for task in self.idle.drain(..) {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::context;
+    use crate::future_slot::HandlerBoxes;
+
+    fn ctx() -> context::Context {
+        context::Context::new_in(None, "T.m", 1, 1, &Arc::from("peer"), None, context::Metadata::new())
+    }
+
+    fn pool() -> rpc_transport::MemPool {
+        rpc_transport::MemPool::heap(rpc_transport::PoolLimits::default())
+    }
+
+    /// `n` jobs at once, each a handler that answers its call id after a yield (so that all
+    /// are running together); returns their tasks, busy.
+    fn run_jobs(
+        tasks: &mut HandlerTasks,
+        boxes: &mut HandlerBoxes,
+        slots: &Arc<Semaphore>,
+        n: u64,
+    ) -> Vec<HandlerTask> {
+        (0..n)
+            .map(|call_id| {
+                let fut = boxes.slot(ctx(), pool()).put(async move {
+                    tokio::task::yield_now().await;
+                    Ok(Bytes::from(call_id.to_string()))
+                });
+                let slot = HandlerSlot::for_test(slots);
+                tasks.run(Job { call_id, spawn: call_id, fut, slot, span: Span::none() })
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn finished_tasks_wait_for_the_next_handler_and_at_most_idle_tasks_of_them_are_kept() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut tasks = HandlerTasks::new(tx);
+        let mut boxes = HandlerBoxes::default();
+        let slots = Arc::new(Semaphore::new(1000));
+        // More handlers at once than the idle tasks kept.
+        let n = IDLE_TASKS as u64 + 36;
+        let busy = run_jobs(&mut tasks, &mut boxes, &slots, n);
+        let mut answered = Vec::new();
+        for _ in 0..n {
+            let (call_id, spawn, answer, fut) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("every handler answers")
+                .expect("the channel is open");
+            assert_eq!((spawn, answer.unwrap()), (call_id, Bytes::from(call_id.to_string())));
+            boxes.give_back(fut);
+            answered.push(call_id);
+        }
+        answered.sort_unstable();
+        assert_eq!(answered, (0..n).collect::<Vec<_>>());
+        // Each slot goes back once its answer is sent.
+        while slots.available_permits() < 1000 {
+            tokio::task::yield_now().await;
+        }
+        for task in busy {
+            tasks.idle_again(task);
+        }
+        assert_eq!(tasks.idle_tasks(), IDLE_TASKS, "the rest are ended");
+        // The idle ones run the next handlers: as many again at once, all answered, and the
+        // same tasks are idle afterwards (none spawned: the pool held them all).
+        let busy = run_jobs(&mut tasks, &mut boxes, &slots, IDLE_TASKS as u64);
+        assert_eq!(tasks.idle_tasks(), 0);
+        for _ in 0..IDLE_TASKS {
+            let (_, _, answer, fut) = rx.recv().await.expect("the channel is open");
+            assert!(answer.is_ok());
+            boxes.give_back(fut);
+        }
+        for task in busy {
+            tasks.idle_again(task);
+        }
+        assert_eq!(tasks.idle_tasks(), IDLE_TASKS);
+        // Dropping the pool (its connection gone) ends the idle tasks: the last senders of
+        // results, which they hold, go with them.
+        drop(tasks);
+        let closed = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        assert!(matches!(closed, Ok(None)), "every idle task ended");
+    }
+
+    #[tokio::test]
+    async fn an_aborted_task_drops_its_handler_and_gives_its_slot_back() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut tasks = HandlerTasks::new(tx);
+        let mut boxes = HandlerBoxes::default();
+        let slots = Arc::new(Semaphore::new(1));
+        let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<()>();
+        let fut = boxes.slot(ctx(), pool()).put(async move {
+            let _dropped = dropped_tx; // dropped with the handler
+            futures::future::pending::<()>().await;
+            Ok(Bytes::new())
+        });
+        let slot = HandlerSlot::for_test(&slots);
+        let task = tasks.run(Job { call_id: 7, spawn: 1, fut, slot, span: Span::none() });
+        tokio::task::yield_now().await;
+        assert_eq!(slots.available_permits(), 0, "held while the handler runs");
+        task.abort();
+        assert!(dropped_rx.await.is_err(), "the handler was dropped, not finished");
+        let permit = tokio::time::timeout(Duration::from_secs(10), slots.acquire()).await;
+        assert!(permit.is_ok(), "its slot came back");
+        assert!(rx.try_recv().is_err(), "no answer from an aborted handler");
     }
 }

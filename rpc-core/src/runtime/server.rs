@@ -192,6 +192,18 @@ pub(super) struct HandlerSlot {
     resources: Arc<Resources>,
 }
 
+#[cfg(test)]
+impl HandlerSlot {
+    /// A slot of `slots`, counted in a server's resources of its own (for tests of the tasks
+    /// handlers run in).
+    pub(super) fn for_test(slots: &Arc<Semaphore>) -> HandlerSlot {
+        let resources = Arc::new(Resources::default());
+        resources.handlers_running.fetch_add(1, Ordering::Relaxed);
+        let permit = slots.clone().try_acquire_owned().expect("a free slot");
+        HandlerSlot { _permit: permit, resources }
+    }
+}
+
 impl Drop for HandlerSlot {
     fn drop(&mut self) {
         self.resources.handlers_running.fetch_sub(1, Ordering::Relaxed);
