@@ -231,17 +231,16 @@ impl HandlerBoxes {
                 self.kept_bytes += context::Context::KEPT_BYTES;
             }
         }
-        // They come back in pairs: a context goes first while there are more of them than boxes.
+        // They come back in pairs: a context goes first while there are no fewer of them than
+        // boxes, or once the boxes are down to the few always kept.
         while self.kept_bytes > SPARE_BYTES {
-            if self.contexts.len() >= self.spares.len() && !self.contexts.is_empty() {
+            let spares = self.spares.len();
+            if !self.contexts.is_empty() && (self.contexts.len() >= spares || spares <= SPARE_BOXES) {
                 self.contexts.remove(0);
                 self.kept_bytes -= context::Context::KEPT_BYTES;
-            } else if self.spares.len() > SPARE_BOXES {
+            } else if spares > SPARE_BOXES {
                 let (layout, _) = self.spares.remove(0);
                 self.kept_bytes -= layout.size();
-            } else if !self.contexts.is_empty() {
-                self.contexts.remove(0);
-                self.kept_bytes -= context::Context::KEPT_BYTES;
             } else {
                 break;
             }

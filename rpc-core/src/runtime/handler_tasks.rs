@@ -1,7 +1,7 @@
 //! The tasks a server connection runs its handlers in, kept from one handler to the next.
 //!
-//! A handler that waits (or every handler, when `ServerConfig::inline_handlers` is off) runs in
-//! a task of its own. Spawning one per handler costs its allocation, tokio's setting up and
+//! A handler that waits (or that `ServerConfig::inline_handlers` does not poll in the driver)
+//! runs in a task of its own. Spawning one per handler costs its allocation, tokio's setting up and
 //! tearing down of the task, and the free: about 1,300 instructions a call. Instead a task that
 //! finished its handler stays, idle, and the connection hands it the next one: the handler
 //! goes in the task's mailbox and the task is notified.
@@ -151,6 +151,15 @@ mod tests {
         rpc_transport::MemPool::heap(rpc_transport::PoolLimits::default())
     }
 
+    /// A pool of handler tasks, their boxes and `permits` handler slots, and the receiving end
+    /// of the pool's results.
+    fn setup(
+        permits: usize,
+    ) -> (HandlerTasks, HandlerBoxes, Arc<Semaphore>, mpsc::UnboundedReceiver<HandlerResult>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (HandlerTasks::new(tx), HandlerBoxes::default(), Arc::new(Semaphore::new(permits)), rx)
+    }
+
     /// `n` jobs at once, each a handler that answers its call id after a yield (so that all
     /// are running together); returns their tasks, busy.
     fn run_jobs(
@@ -173,10 +182,7 @@ mod tests {
 
     #[tokio::test]
     async fn finished_tasks_wait_for_the_next_handler_and_at_most_idle_tasks_of_them_are_kept() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut tasks = HandlerTasks::new(tx);
-        let mut boxes = HandlerBoxes::default();
-        let slots = Arc::new(Semaphore::new(1000));
+        let (mut tasks, mut boxes, slots, mut rx) = setup(1000);
         // More handlers at once than the idle tasks kept.
         let n = IDLE_TASKS as u64 + 36;
         let busy = run_jobs(&mut tasks, &mut boxes, &slots, n);
@@ -222,10 +228,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_aborted_task_drops_its_handler_and_gives_its_slot_back() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut tasks = HandlerTasks::new(tx);
-        let mut boxes = HandlerBoxes::default();
-        let slots = Arc::new(Semaphore::new(1));
+        let (mut tasks, mut boxes, slots, mut rx) = setup(1);
         let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<()>();
         let fut = boxes.slot(ctx(), pool()).put(async move {
             let _dropped = dropped_tx; // dropped with the handler
