@@ -218,9 +218,9 @@ pub struct CountsArgs {
     /// in flight by as many tasks); 0 skips them.
     #[arg(long, default_value_t = 64)]
     pub outstanding: usize,
-    /// Run the server's handlers in tasks of their own, as `ServerConfig`'s default does (the
-    /// harness runs them in the connection's driver otherwise: see `--handlers-in-tasks` of
-    /// `run`).
+    /// Run the server's handlers in tasks of their own, as `ServerConfig`'s default does for
+    /// methods not marked `#[rpc(inline)]` (the harness runs them in the connection's driver
+    /// otherwise: see `--handlers-in-tasks` of `run`).
     #[arg(long)]
     pub handlers_in_tasks: bool,
 }

@@ -5,7 +5,9 @@ use std::future::Future;
 
 use bytes::Bytes;
 use rpc_core::codec::SharedBytes;
-use rpc_core::{CallInfo, CallOptions, Client, ClientConfig, MethodId, ProtoConfig, ServerConfig};
+use rpc_core::{
+    CallInfo, CallOptions, Client, ClientConfig, InlineHandlers, MethodId, ProtoConfig, ServerConfig,
+};
 use serde::Serialize;
 
 use crate::counters::Counters;
@@ -52,9 +54,10 @@ pub struct ProtoSettings {
     /// Calls in flight per connection.
     #[arg(long, default_value_t = ProtoConfig::default().max_in_flight)]
     pub max_in_flight: u32,
-    /// Run each handler in a task of its own, as `ServerConfig`'s default does, instead of in
-    /// the connection's driver (`ServerConfig::inline_handlers`, which the harness turns on: the
-    /// benchmark service's handlers answer at once).
+    /// Run each handler in a task of its own (`InlineHandlers::Never`), as `ServerConfig`'s
+    /// default does for methods not marked `#[rpc(inline)]`, instead of in the connection's
+    /// driver (`InlineHandlers::Always`, the harness's setting: the benchmark service's handlers
+    /// answer at once).
     #[arg(long)]
     pub handlers_in_tasks: bool,
 }
@@ -84,10 +87,9 @@ impl ProtoSettings {
     pub fn server_config(&self) -> ServerConfig {
         // The benchmark service's handlers answer at once: they run in the connection's driver
         // unless asked otherwise.
-        ServerConfig::default()
-            .proto(self.proto())
-            .max_concurrent_handlers(1 << 16)
-            .inline_handlers(!self.handlers_in_tasks)
+        ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16).inline_handlers(
+            if self.handlers_in_tasks { InlineHandlers::Never } else { InlineHandlers::Always },
+        )
     }
 
     /// The `--flag value` arguments that give a child process the same settings.

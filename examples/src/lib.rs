@@ -18,13 +18,16 @@ use bytes::Bytes;
 /// A key-value store.
 #[rpc_core::service]
 pub trait Kv {
-    /// The value under `key`, if any.
+    /// The value under `key`, if any. (Reads answer at once, from a map under a lock held for
+    /// no `.await`: marked to be polled in the connection's driver, with no task.)
+    #[rpc(inline)]
     async fn get(&self, key: String) -> Option<Bytes>;
     /// Stores `value` under `key`; returns the key's new version (1 for a new key).
     async fn put(&self, key: String, value: Bytes) -> u64;
     /// Removes `key`; returns whether it was there.
     async fn delete(&self, key: String) -> bool;
     /// Number of keys.
+    #[rpc(inline)]
     async fn len(&self) -> u64;
 }
 

@@ -61,7 +61,8 @@ pub use rpc_transport as transport;
 /// it freezes it into [`Bytes`] only if the value keeps a slice of it.
 pub use rpc_transport::Received;
 pub use runtime::{
-    CallOptions, Client, ClientConfig, ConnStats, Reconnect, Server, ServerConfig, ServerResources,
+    CallOptions, Client, ClientConfig, ConnStats, InlineHandlers, Reconnect, Server, ServerConfig,
+    ServerResources,
 };
 pub use service::{response_bound, MethodDesc, Service};
 

@@ -150,7 +150,9 @@ async fn an_answer_posted_on_a_connection_its_handler_killed_ends_that_connectio
     let name_slot = std::sync::Arc::new(std::sync::OnceLock::new());
     let server = rpc_core::Server::bind(
         &Kind::Mem.bind_addr(),
-        rpc_core::ServerConfig::default().proto(common::proto()).inline_handlers(true),
+        rpc_core::ServerConfig::default()
+            .proto(common::proto())
+            .inline_handlers(rpc_core::InlineHandlers::Always),
         DoomedServer::new(DoomedImpl(name_slot.clone())),
     )
     .await

@@ -2,14 +2,17 @@
 //! spawned); handlers that wait move to a task of their own; a panic either way is answered as a
 //! `Handler` error and the connection carries on (`ServerConfig::inline_handlers`). A handler's
 //! future goes in a box of its connection's, reused by the next future of its layout
-//! (`ConnStats::handler_boxes`).
+//! (`ConnStats::handler_boxes`). Methods marked `#[rpc(inline)]` are polled first in the driver
+//! whatever `ServerConfig::inline_handlers` says.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{eventually, Kind};
-use rpc_core::{CallError, Client, ClientConfig, ConnStats, Server, ServerConfig, WireErrorCode};
+use rpc_core::{
+    CallError, Client, ClientConfig, ConnStats, InlineHandlers, Server, ServerConfig, WireErrorCode,
+};
 
 #[rpc_core::service]
 pub trait Probe {
@@ -24,6 +27,12 @@ pub trait Probe {
     /// Answers at once like `quick`, its future larger than `quick`'s (it holds an array
     /// across an await).
     async fn padded(&self, x: u64) -> u64;
+    /// `quick`, marked to run inline.
+    #[rpc(inline)]
+    async fn marked_quick(&self, x: u64) -> u64;
+    /// `waits`, marked to run inline: its first poll in the driver, the rest in a task.
+    #[rpc(inline)]
+    async fn marked_waits(&self, millis: u64) -> u64;
 }
 
 struct ProbeImpl;
@@ -52,6 +61,12 @@ impl Probe for ProbeImpl {
         std::future::ready(()).await;
         pad.iter().fold(0u64, |a, b| a.wrapping_add(*b)) / 64 + 1
     }
+    async fn marked_quick(&self, x: u64) -> u64 {
+        self.quick(x).await
+    }
+    async fn marked_waits(&self, millis: u64) -> u64 {
+        self.waits(millis).await
+    }
 }
 
 struct Setup {
@@ -59,8 +74,15 @@ struct Setup {
     client: ProbeClient,
 }
 
+/// A server whose handlers all run inline (`inline`), or as `ServerConfig`'s default says (only
+/// the methods marked `#[rpc(inline)]`).
 async fn setup(kind: Kind, inline: bool) -> Setup {
-    let config = ServerConfig::default().proto(common::proto()).inline_handlers(inline);
+    let which = if inline { InlineHandlers::Always } else { InlineHandlers::default() };
+    setup_with(kind, which).await
+}
+
+async fn setup_with(kind: Kind, which: InlineHandlers) -> Setup {
+    let config = ServerConfig::default().proto(common::proto()).inline_handlers(which);
     let server = Server::bind(&kind.bind_addr(), config, ProbeServer::new(ProbeImpl)).await.expect("bind");
     let addr = server.local_addr().to_string();
     let client =
@@ -145,6 +167,33 @@ over_all_transports! {
         s.server.shutdown().await;
     }
 
+    async fn with_inline_handlers_off_the_methods_marked_inline_run_inline(kind: Kind) {
+        let s = setup(kind, false).await;
+        for x in 0..10 {
+            assert_eq!(s.client.marked_quick(x).await.unwrap(), x + 1);
+            assert_eq!(s.client.quick(x).await.unwrap(), x + 1);
+        }
+        // A marked handler that waits moves to a task, as with inline handlers on.
+        let calls = (0..3).map(|i| s.client.marked_waits(5 + i));
+        let answers = futures::future::join_all(calls).await;
+        assert_eq!(answers.into_iter().map(Result::unwrap).collect::<Vec<_>>(), vec![5, 6, 7]);
+        let stats = stats_after(&s.server, 23).await;
+        assert_eq!((stats.handlers_inline, stats.handlers_spawned), (10, 13), "{stats:?}");
+        eventually("every handler slot is given back", || s.server.resources().handlers_running == 0).await;
+        s.server.shutdown().await;
+    }
+
+    async fn with_inline_handlers_never_the_methods_marked_inline_run_in_tasks(kind: Kind) {
+        let s = setup_with(kind, InlineHandlers::Never).await;
+        for x in 0..5 {
+            assert_eq!(s.client.marked_quick(x).await.unwrap(), x + 1);
+        }
+        assert_eq!(s.client.marked_waits(1).await.unwrap(), 1);
+        let stats = stats_after(&s.server, 6).await;
+        assert_eq!((stats.handlers_inline, stats.handlers_spawned), (0, 6), "{stats:?}");
+        s.server.shutdown().await;
+    }
+
     async fn calls_of_one_method_reuse_one_handler_box(kind: Kind) {
         let s = setup(kind, true).await;
         for x in 0..50 {
@@ -181,7 +230,7 @@ over_all_transports! {
     async fn a_slot_reused_by_a_batch_of_inline_handlers_goes_back_when_the_batch_is_done(kind: Kind) {
         // One handler slot for the whole server: connection A's batches of inline handlers reuse
         // it within a poll, and it must be free again for connection B as soon as A is idle.
-        let config = ServerConfig::default().proto(common::proto()).inline_handlers(true).max_concurrent_handlers(1);
+        let config = ServerConfig::default().proto(common::proto()).inline_handlers(InlineHandlers::Always).max_concurrent_handlers(1);
         let server = Server::bind(&kind.bind_addr(), config, ProbeServer::new(ProbeImpl)).await.expect("bind");
         let addr = server.local_addr().to_string();
         let connect = || Client::connect(&addr, ClientConfig::default().proto(common::proto()));
@@ -236,6 +285,7 @@ impl rpc_core::Service for Doubler {
             full_name: "Doubler.double",
             id: DOUBLE,
             max_response: None,
+            inline: false,
         }];
         METHODS
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use rpc_core::{CallError, CallOptions, Client, ClientConfig, Server, ServerConfig};
+use rpc_core::{CallError, CallOptions, Client, ClientConfig, InlineHandlers, Server, ServerConfig};
 
 /// Counter values, and histogram sample counts and largest samples, by `name{label=value,..}`.
 #[derive(Default)]
@@ -120,7 +120,11 @@ async fn calls_answered_together_are_each_reported_once() {
     const CALLS: u64 = 64;
     let key = "rpc_server_call_duration_seconds{method=Timer.add_one}";
     for (round, inline) in [false, true].into_iter().enumerate() {
-        let config = ServerConfig::default().inline_handlers(inline);
+        let config = ServerConfig::default().inline_handlers(if inline {
+            InlineHandlers::Always
+        } else {
+            InlineHandlers::Never
+        });
         let server = Server::bind("tcp://127.0.0.1:0", config, TimerServer::new(TimerImpl)).await.unwrap();
         let client =
             Client::connect(&server.local_addr().to_string(), ClientConfig::default()).await.unwrap();
@@ -152,7 +156,7 @@ async fn calls_answered_together_are_each_reported_once() {
 #[tokio::test]
 async fn a_handler_run_in_the_driver_is_timed_to_its_end() {
     recorded();
-    let config = ServerConfig::default().inline_handlers(true);
+    let config = ServerConfig::default().inline_handlers(InlineHandlers::Always);
     let server = Server::bind("tcp://127.0.0.1:0", config, TimerServer::new(TimerImpl)).await.unwrap();
     let client = Client::connect(&server.local_addr().to_string(), ClientConfig::default()).await.unwrap();
     TimerClient::new(client).busy(30).await.unwrap();

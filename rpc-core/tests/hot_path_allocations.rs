@@ -64,7 +64,8 @@ async fn allocations_per_call(s: &Setup, in_flight: usize, warm_up: usize, calls
 async fn steady_state(kind: Kind, inline: bool) {
     counting_alloc::assert_installed();
     let _serial = counting_alloc::serial().await;
-    let server_config = rpc_core::ServerConfig::default().inline_handlers(inline);
+    let which = if inline { rpc_core::InlineHandlers::Always } else { rpc_core::InlineHandlers::Never };
+    let server_config = rpc_core::ServerConfig::default().inline_handlers(which);
     let s = common::setup_with(kind, server_config, rpc_core::ClientConfig::default()).await;
     let one = allocations_per_call(&s, 1, WARM_UP, CALLS).await;
     let many = allocations_per_call(&s, 64, WARM_UP, CALLS).await;

@@ -1,8 +1,11 @@
-//! Arguments of the attribute itself: `#[service]` or `#[service(crate = "path")]`.
+//! Arguments of the attribute itself, `#[service]` or `#[service(crate = "path")]`, and of the
+//! `#[rpc(..)]` attribute on a method of the trait.
 
 use proc_macro2::TokenStream;
 use syn::parse::Parser;
-use syn::{LitStr, Path};
+use syn::{Attribute, LitStr, Path};
+
+use crate::errors::Errors;
 
 /// Parsed `#[service(..)]` arguments.
 #[derive(Debug)]
@@ -41,6 +44,41 @@ fn default_crate_path() -> Path {
     syn::parse_quote!(::rpc_core)
 }
 
+/// Options of one method, from its `#[rpc(..)]` attributes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct MethodOptions {
+    /// `#[rpc(inline)]`: the server polls its handler first in the connection's driver
+    /// (`MethodDesc::inline`).
+    pub(crate) inline: bool,
+}
+
+impl MethodOptions {
+    /// Takes the `#[rpc(..)]` attributes out of `attrs` (they are the macro's own: the trait as
+    /// emitted does not carry them) and parses them, each problem an error at its token.
+    pub(crate) fn take(attrs: &mut Vec<Attribute>, errors: &mut Errors) -> Self {
+        let mut options = MethodOptions::default();
+        attrs.retain(|attr| {
+            if !attr.path().is_ident("rpc") {
+                return true;
+            }
+            let parsed = attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("inline") {
+                    if options.inline {
+                        return Err(meta.error("duplicate `inline` option"));
+                    }
+                    options.inline = true;
+                    Ok(())
+                } else {
+                    Err(meta.error("unknown `rpc` option; the only supported one is `inline`"))
+                }
+            });
+            errors.take(parsed);
+            false
+        });
+        options
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +109,40 @@ mod tests {
     fn duplicate_crate_argument_is_rejected() {
         let err = ServiceArgs::parse(quote!(crate = "a", crate = "b")).unwrap_err();
         assert!(err.to_string().contains("duplicate"), "{err}");
+    }
+
+    fn options_of(attrs: Vec<Attribute>) -> (Result<MethodOptions, String>, Vec<Attribute>) {
+        let (mut attrs, mut errors) = (attrs, Errors::default());
+        let options = MethodOptions::take(&mut attrs, &mut errors);
+        (errors.finish(options).map_err(|e| e.to_string()), attrs)
+    }
+
+    #[test]
+    fn rpc_inline_is_taken_out_of_the_method_attributes() {
+        let (options, left) = options_of(vec![
+            syn::parse_quote!(#[doc = " Looks a key up."]),
+            syn::parse_quote!(#[rpc(inline)]),
+        ]);
+        assert_eq!(options, Ok(MethodOptions { inline: true }));
+        assert_eq!(left.len(), 1);
+        assert!(left[0].path().is_ident("doc"));
+        let (options, left) = options_of(vec![syn::parse_quote!(#[doc = " Plain."])]);
+        assert_eq!(options, Ok(MethodOptions { inline: false }));
+        assert_eq!(left.len(), 1);
+    }
+
+    #[test]
+    fn unknown_duplicate_and_malformed_rpc_options_are_rejected() {
+        let (options, left) = options_of(vec![syn::parse_quote!(#[rpc(fast)])]);
+        assert!(options.unwrap_err().contains("unknown `rpc` option"));
+        assert!(left.is_empty());
+        let (options, _) = options_of(vec![syn::parse_quote!(#[rpc(inline, inline)])]);
+        assert!(options.unwrap_err().contains("duplicate `inline`"));
+        let (options, _) =
+            options_of(vec![syn::parse_quote!(#[rpc(inline)]), syn::parse_quote!(#[rpc(inline)])]);
+        assert!(options.unwrap_err().contains("duplicate `inline`"));
+        let (options, _) = options_of(vec![syn::parse_quote!(#[rpc = "inline"])]);
+        assert!(options.is_err(), "`#[rpc = ..]` is not a list");
     }
 
     #[test]

@@ -54,7 +54,7 @@ use proc_macro::TokenStream;
 ///   dispatcher, generic over where the handler's future goes, serves both `Service::call` (a box of
 ///   its own) and `Service::call_in` (the box the server lends: no allocation per call).
 ///   `Service::methods` lists `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET,
-///   max_response: rpc_core::response_bound::<Option<Vec<u8>>>() }`, ..
+///   max_response: rpc_core::response_bound::<Option<Vec<u8>>>(), inline: false }`, ..
 ///   Handlers read their call's context (peer, deadline, metadata) with `rpc_core::context::current()`.
 ///
 /// Every generated public item is documented; a client method copies the docs of its trait method.
@@ -63,6 +63,24 @@ use proc_macro::TokenStream;
 ///
 /// `#[service(crate = "path")]` names the path to rpc-core when it is not reachable as `::rpc_core`
 /// (the crate was renamed in `Cargo.toml`, or it is re-exported): e.g. `crate = "::my_rpc"`.
+///
+/// # Method options
+///
+/// `#[rpc(inline)]` on a method of the trait marks a handler that answers without waiting: the
+/// server polls it first in the connection's driver (`MethodDesc::inline`; `ServerConfig::
+/// inline_handlers` can turn that off, or on for every method), so a small call to it costs no task,
+/// channel or extra wake-up; if it does wait, it moves to a task and carries on there. Whatever
+/// it computes before its first `.await` stalls its connection meanwhile: mark only methods that
+/// answer at once. The attribute is the macro's: the trait as emitted does not carry it. Any other
+/// option is a compile error at its token.
+///
+/// ```text
+/// #[rpc_core::service]
+/// pub trait Kv {
+///     #[rpc(inline)]
+///     async fn get(&self, key: String) -> Option<Vec<u8>>;
+/// }
+/// ```
 ///
 /// # Supported signatures
 ///

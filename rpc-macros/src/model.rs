@@ -5,6 +5,7 @@ use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
 use syn::{Attribute, ItemTrait, Path, Token, TraitItem, TraitItemFn, Type, TypeParamBound, Visibility};
 
+use crate::args::MethodOptions;
 use crate::errors::Errors;
 use crate::validate;
 
@@ -31,6 +32,8 @@ pub(crate) struct MethodDef {
     pub(crate) args: Vec<ArgDef>,
     /// The declared output; `()` when the signature has no `->`.
     pub(crate) output: Type,
+    /// `#[rpc(inline)]`: its handler is polled first in the connection's driver.
+    pub(crate) inline: bool,
 }
 
 /// One `name: Ty` argument (any `mut` dropped: it means nothing to callers).
@@ -70,8 +73,9 @@ impl ServiceDef {
 
 impl MethodDef {
     /// Parses one trait method; `None` (with errors recorded) if its signature is unsupported.
-    fn from_trait_fn(method: TraitItemFn, krate: &Path, errors: &mut Errors) -> Option<Self> {
+    fn from_trait_fn(mut method: TraitItemFn, krate: &Path, errors: &mut Errors) -> Option<Self> {
         let before = errors.len();
+        let options = MethodOptions::take(&mut method.attrs, errors);
         validate::method_signature(&method, errors);
         let inputs = method.sig.inputs.iter().skip(1);
         let mut args = Vec::new();
@@ -94,6 +98,7 @@ impl MethodDef {
             context,
             args,
             output,
+            inline: options.inline,
         })
     }
 

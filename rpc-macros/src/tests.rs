@@ -48,7 +48,7 @@ fn expansion_emits_trait_client_server_and_ids() {
         "static __RPC_CORE_METHOD : :: rpc_core :: __private :: ClientMethod = :: rpc_core :: __private :: ClientMethod :: new (\"Kv.get\")",
         ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: GET , & __RPC_CORE_METHOD , & (key ,))",
         ":: rpc_core :: __private :: call (& self . client , & self . opts , KvClient :: PING , & __RPC_CORE_METHOD , & ())",
-        ":: rpc_core :: MethodDesc { name : \"get\" , full_name : \"Kv.get\" , id : KvClient :: GET , max_response : :: rpc_core :: response_bound :: < Option < Vec < u8 > > > () , }",
+        ":: rpc_core :: MethodDesc { name : \"get\" , full_name : \"Kv.get\" , id : KvClient :: GET , max_response : :: rpc_core :: response_bound :: < Option < Vec < u8 > > > () , inline : false , }",
         "assert_unique_ids (& [KvClient :: GET , KvClient :: PING])",
         "pub struct KvServer < S >",
         "impl < S : Kv > :: rpc_core :: Service for KvServer < S >",
@@ -62,6 +62,38 @@ fn expansion_emits_trait_client_server_and_ids() {
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }
+}
+
+#[test]
+fn rpc_inline_marks_the_method_desc_and_leaves_the_trait() {
+    let out = expand_ok(
+        quote!(),
+        quote! {
+            pub trait Kv {
+                /// Answers at once.
+                #[rpc(inline)]
+                async fn get(&self, key: u8) -> u8;
+                async fn put(&self, key: u8);
+            }
+        },
+    );
+    assert!(out.contains("name : \"get\" , full_name : \"Kv.get\" , id : KvClient :: GET , max_response : :: rpc_core :: response_bound :: < u8 > () , inline : true ,"), "{out}");
+    assert!(out.contains("name : \"put\" , full_name : \"Kv.put\" , id : KvClient :: PUT , max_response : :: rpc_core :: response_bound :: < () > () , inline : false ,"), "{out}");
+    assert!(!out.contains("rpc (inline)"), "the trait as emitted keeps no `#[rpc]`: {out}");
+    assert!(out.contains("# [doc = r\" Answers at once.\"] fn get"), "{out}");
+}
+
+#[test]
+fn an_unknown_rpc_option_is_an_error_at_its_token() {
+    assert_single_error(
+        quote! {
+            trait Kv {
+                #[rpc(fast)]
+                async fn get(&self) -> u8;
+            }
+        },
+        "unknown `rpc` option",
+    );
 }
 
 #[test]

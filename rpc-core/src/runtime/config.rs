@@ -179,23 +179,39 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// The verbs backend's settings for `rdma://` addresses (see [`ClientConfig::rdma`]).
     pub rdma: rpc_transport::RdmaSettings,
-    /// Run each handler's first poll in the connection's driver. Default `false` (every
-    /// handler runs in a task of its own, as in tarpc and tonic: one of the connection's handler
-    /// tasks, kept from one handler to the next, so none is allocated per call). When on, a
-    /// handler that finishes without waiting (most small ones) is answered at once: no task, no
-    /// channel, no extra wake-up (about a quarter of a small call's instructions, see
-    /// BENCHMARKS.md); one that waits is moved to a task and carries on there. The
-    /// cost: a handler that computes for long before its first `.await` stalls its whole
-    /// connection by that long, its other calls and its keepalive answers included (a client
-    /// declares the connection dead after [`ProtoConfig::idle_timeout`] of silence). Turn it on
-    /// for services whose handlers answer quickly or `spawn_blocking` their heavy work; it is off
-    /// by default because one slow handler (a 64 MiB response built in place, under emulation)
-    /// was enough to stall a connection past its idle timeout. Either way a handler holds its
-    /// slot of [`ServerConfig::max_concurrent_handlers`] while it runs, and a panic is answered
-    /// as a `Handler` error.
-    pub inline_handlers: bool,
+    /// Which handlers have their first poll in the connection's driver rather than in a task.
+    /// Default [`InlineHandlers::Marked`]: those of methods marked `#[rpc(inline)]` in the
+    /// `#[service]` trait ([`MethodDesc::inline`](crate::MethodDesc::inline)); every other
+    /// handler runs in a task of its own, as in tarpc and tonic (one of the connection's handler
+    /// tasks, kept from one handler to the next, so none is allocated per call). A handler polled
+    /// in the driver that finishes without waiting (most small ones) is answered at once: no
+    /// task, no channel, no extra wake-up (a 32 B call over tcp ~16.8k -> ~13.7k instructions,
+    /// see BENCHMARKS.md); one that waits is moved to a task and carries on there. The cost: a
+    /// handler that computes for long before its first `.await` stalls its whole connection by
+    /// that long, its other calls and its keepalive answers included (a client declares the
+    /// connection dead after [`ProtoConfig::idle_timeout`] of silence): one slow handler (a 64
+    /// MiB response built in place, under emulation) was enough to stall a connection past its
+    /// idle timeout. Either way a handler holds its slot of
+    /// [`ServerConfig::max_concurrent_handlers`] while it runs, and a panic is answered as a
+    /// `Handler` error.
+    pub inline_handlers: InlineHandlers,
     /// Where connection timers wait: see [`ClientConfig::timer_thread`]. Default `true`.
     pub timer_thread: bool,
+}
+
+/// Which handlers a server polls first in the connection's driver
+/// ([`ServerConfig::inline_handlers`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum InlineHandlers {
+    /// None: every handler runs in a task (to rule out a stall by a marked method's handler
+    /// without rebuilding the service).
+    Never,
+    /// Those of methods marked `#[rpc(inline)]` (the default).
+    #[default]
+    Marked,
+    /// Every handler: for services whose handlers all answer quickly or `spawn_blocking` their
+    /// heavy work.
+    Always,
 }
 
 impl Default for ServerConfig {
@@ -211,7 +227,7 @@ impl Default for ServerConfig {
             max_pending_handshakes: 64,
             shutdown_timeout: Duration::from_secs(30),
             rdma: rpc_transport::RdmaSettings::default(),
-            inline_handlers: false,
+            inline_handlers: InlineHandlers::Marked,
             timer_thread: true,
         }
     }
@@ -269,8 +285,8 @@ impl ServerConfig {
         self
     }
     /// Sets [`ServerConfig::inline_handlers`].
-    pub fn inline_handlers(mut self, inline: bool) -> Self {
-        self.inline_handlers = inline;
+    pub fn inline_handlers(mut self, which: InlineHandlers) -> Self {
+        self.inline_handlers = which;
         self
     }
     /// Sets [`ServerConfig::timer_thread`].

@@ -19,6 +19,6 @@ mod timer_thread;
 mod wake_route;
 
 pub use client::Client;
-pub use config::{CallOptions, ClientConfig, Reconnect, ServerConfig};
+pub use config::{CallOptions, ClientConfig, InlineHandlers, Reconnect, ServerConfig};
 pub use driver::ConnStats;
 pub use server::{Server, ServerResources};

@@ -99,14 +99,17 @@ impl fmt::Display for MethodName {
 #[derive(Debug)]
 pub(crate) struct ServerMethod {
     pub(crate) name: &'static str,
+    /// Its handler's first poll runs in the driver ([`crate::MethodDesc::inline`]).
+    pub(crate) inline: bool,
     calls: Counter,
     duration: Histogram,
 }
 
 impl ServerMethod {
-    pub(crate) fn new(name: &'static str) -> Arc<ServerMethod> {
+    pub(crate) fn new(name: &'static str, inline: bool) -> Arc<ServerMethod> {
         Arc::new(ServerMethod {
             name,
+            inline,
             calls: metrics::counter!("rpc_server_calls_total", "method" => name),
             duration: metrics::histogram!("rpc_server_call_duration_seconds", "method" => name),
         })

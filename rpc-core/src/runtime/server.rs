@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore, Tr
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::config::ServerConfig;
+use super::config::{InlineHandlers, ServerConfig};
 use super::driver::{self, ConnStats, Fatal, ROUNDS_PER_WAKE};
 use super::handler_tasks::{HandlerTask, HandlerTasks, Job};
 use super::handshake;
@@ -72,9 +72,9 @@ impl Server {
             ..Resources::default()
         });
         let mut methods: Vec<_> =
-            service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name))).collect();
+            service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name, m.inline))).collect();
         methods.sort_unstable_by_key(|(id, _)| *id);
-        let names = Arc::new(MethodTable { methods, unknown: ServerMethod::new("unknown") });
+        let names = Arc::new(MethodTable { methods, unknown: ServerMethod::new("unknown", false) });
         let acceptor = Acceptor {
             listener,
             board: board.clone(),
@@ -448,8 +448,9 @@ struct ServerDriver {
     spare_slot: Option<OwnedSemaphorePermit>,
     /// This connection's share of the handler slots.
     max_handlers: usize,
-    /// Poll each handler once here before spawning it ([`ServerConfig::inline_handlers`]).
-    inline: bool,
+    /// Which handlers are polled once here before they go to a task
+    /// ([`ServerConfig::inline_handlers`]).
+    inline: InlineHandlers,
     /// Handlers answered in their first poll here, and handlers run in tasks (published in
     /// [`ConnStats`]).
     handlers_inline: u64,
@@ -564,8 +565,8 @@ impl ServerDriver {
         }
     }
 
-    /// Starts one handler: polled once here when inline handlers are on (answered at once if
-    /// it finishes), else (or if it waits) handed to one of the connection's handler tasks,
+    /// Starts one handler: polled once here when [`ServerConfig::inline_handlers`] says so for
+    /// its method (answered at once if it finishes), else (or if it waits) handed to one of the connection's handler tasks,
     /// which sends its result back (`handler_tasks`).
     fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
@@ -620,7 +621,12 @@ impl ServerDriver {
                 return;
             }
         };
-        if self.inline {
+        let here = match self.inline {
+            InlineHandlers::Never => false,
+            InlineHandlers::Marked => self.names.get(name).inline,
+            InlineHandlers::Always => true,
+        };
+        if here {
             // The first poll, here, under the call's span (the context and pool are set by the
             // future itself). A waker that does nothing: if the handler waits, the task it moves
             // to polls it again at once and registers its own waker.

@@ -128,18 +128,20 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
     }
 }
 
-/// `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET, max_response: .. }`.
+/// `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET, max_response: .., inline: false }`.
 fn method_desc(ctx: &Context, method: &MethodDef) -> TokenStream {
     let krate = &ctx.krate;
     let name = method.name();
     let full_name = qualified_name(&ctx.trait_ident.unraw().to_string(), &name);
     let id = ctx.method_id_path(method);
     let output = &method.output;
+    let inline = method.inline;
     quote!(#krate::MethodDesc {
         name: #name,
         full_name: #full_name,
         id: #id,
         max_response: #krate::response_bound::<#output>(),
+        inline: #inline,
     })
 }
 

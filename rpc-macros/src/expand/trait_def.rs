@@ -22,7 +22,7 @@ pub(super) fn service_trait(ctx: &Context, service: &ServiceDef) -> TokenStream 
 
 /// `fn get(&self, key: String) -> impl Future<Output = Option<Vec<u8>>> + Send;`.
 fn trait_method(method: &MethodDef) -> TokenStream {
-    let MethodDef { attrs, ident, context, args, output } = method;
+    let MethodDef { attrs, ident, context, args, output, .. } = method;
     let args = context.iter().chain(args).map(|arg| {
         let (name, ty) = (&arg.ident, &arg.ty);
         quote!(#name: #ty)

@@ -1,0 +1,7 @@
+#[rpc_core::service]
+trait Kv {
+    #[rpc(inline, fast)]
+    async fn ping(&self);
+}
+
+fn main() {}
