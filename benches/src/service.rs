@@ -4,17 +4,23 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-/// What the benchmark server answers.
+/// What the benchmark server answers. Every handler answers at once (no `.await`, a download a
+/// slice of one shared buffer): each method is marked `#[rpc(inline)]`, so with `ServerConfig`'s
+/// default the server polls its handlers in the connection's driver.
 #[rpc_core::service]
 pub trait Bench {
     /// Returns its argument (echo).
+    #[rpc(inline)]
     async fn echo(&self, data: Bytes) -> Bytes;
     /// Takes a large request, returns its length (upload).
+    #[rpc(inline)]
     async fn upload(&self, data: Bytes) -> u64;
     /// Returns `len` bytes (download).
+    #[rpc(inline)]
     async fn download(&self, len: u64) -> Bytes;
     /// Returns `n + 1` (wrapping): a call whose argument and result hold no `Bytes`, for
     /// `rpc-bench counts`.
+    #[rpc(inline)]
     async fn increment(&self, n: u64) -> u64;
 }
 

@@ -56,8 +56,8 @@ pub struct ProtoSettings {
     pub max_in_flight: u32,
     /// Run each handler in a task of its own (`InlineHandlers::Never`), as `ServerConfig`'s
     /// default does for methods not marked `#[rpc(inline)]`, instead of in the connection's
-    /// driver (`InlineHandlers::Always`, the harness's setting: the benchmark service's handlers
-    /// answer at once).
+    /// driver (the benchmark service's handlers answer at once: its methods are marked, and
+    /// `ServerConfig`'s default, `InlineHandlers::Marked`, runs them there).
     #[arg(long)]
     pub handlers_in_tasks: bool,
 }
@@ -85,11 +85,13 @@ impl ProtoSettings {
 
     /// The server config for these settings (handlers bounded high: the load decides).
     pub fn server_config(&self) -> ServerConfig {
-        // The benchmark service's handlers answer at once: they run in the connection's driver
-        // unless asked otherwise.
-        ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16).inline_handlers(
-            if self.handlers_in_tasks { InlineHandlers::Never } else { InlineHandlers::Always },
-        )
+        // The benchmark service's handlers answer at once, and its methods are marked so: with
+        // `ServerConfig`'s default they run in the connection's driver, unless asked otherwise.
+        let config = ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16);
+        match self.handlers_in_tasks {
+            true => config.inline_handlers(InlineHandlers::Never),
+            false => config,
+        }
     }
 
     /// The `--flag value` arguments that give a child process the same settings.

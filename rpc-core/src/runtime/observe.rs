@@ -99,7 +99,8 @@ impl fmt::Display for MethodName {
 #[derive(Debug)]
 pub(crate) struct ServerMethod {
     pub(crate) name: &'static str,
-    /// Its handler's first poll runs in the driver ([`crate::MethodDesc::inline`]).
+    /// Its handlers' first poll runs in the driver ([`crate::ServerConfig::inline_handlers`] for
+    /// its [`crate::MethodDesc::inline`]).
     pub(crate) inline: bool,
     calls: Counter,
     duration: Histogram,

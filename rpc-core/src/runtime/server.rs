@@ -71,10 +71,20 @@ impl Server {
             budget: SharedBudget::new(config.max_rendezvous_bytes),
             ..Resources::default()
         });
-        let mut methods: Vec<_> =
-            service.methods().iter().map(|m| (m.id, ServerMethod::new(m.full_name, m.inline))).collect();
+        // Whether a method's handlers are polled first in the driver is settled here, once.
+        let inline = |marked| match config.inline_handlers {
+            InlineHandlers::Never => false,
+            InlineHandlers::Marked => marked,
+            InlineHandlers::Always => true,
+        };
+        let mut methods: Vec<_> = service
+            .methods()
+            .iter()
+            .map(|m| (m.id, ServerMethod::new(m.full_name, inline(m.inline))))
+            .collect();
         methods.sort_unstable_by_key(|(id, _)| *id);
-        let names = Arc::new(MethodTable { methods, unknown: ServerMethod::new("unknown", false) });
+        let unknown = ServerMethod::new("unknown", inline(false));
+        let names = Arc::new(MethodTable { methods, unknown });
         let acceptor = Acceptor {
             listener,
             board: board.clone(),
@@ -304,7 +314,6 @@ impl Acceptor {
             slot_wait: None,
             spare_slot: None,
             max_handlers: self.config.max_handlers_per_connection,
-            inline: self.config.inline_handlers,
             handlers_inline: 0,
             handlers_spawned: 0,
             waiting: VecDeque::new(),
@@ -448,9 +457,6 @@ struct ServerDriver {
     spare_slot: Option<OwnedSemaphorePermit>,
     /// This connection's share of the handler slots.
     max_handlers: usize,
-    /// Which handlers are polled once here before they go to a task
-    /// ([`ServerConfig::inline_handlers`]).
-    inline: InlineHandlers,
     /// Handlers answered in their first poll here, and handlers run in tasks (published in
     /// [`ConnStats`]).
     handlers_inline: u64,
@@ -571,7 +577,11 @@ impl ServerDriver {
     fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
         let name = self.names.index(method);
-        let method_name = self.names.get(name).name;
+        // Its name, and whether its handler is polled here first ([`ServerConfig::inline_handlers`]).
+        let (method_name, here) = {
+            let m = self.names.get(name);
+            (m.name, m.inline)
+        };
         let span = tracing::debug_span!(
             "call",
             method = %method_name,
@@ -620,11 +630,6 @@ impl ServerDriver {
                 self.finish_now(call_id, &call, handler_answer(Err(panic)));
                 return;
             }
-        };
-        let here = match self.inline {
-            InlineHandlers::Never => false,
-            InlineHandlers::Marked => self.names.get(name).inline,
-            InlineHandlers::Always => true,
         };
         if here {
             // The first poll, here, under the call's span (the context and pool are set by the
