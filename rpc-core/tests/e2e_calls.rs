@@ -91,14 +91,19 @@ over_all_transports! {
         for i in 0..10u8 {
             s.client.echo(pattern(32, i)).await.expect("call");
         }
+        for i in 0..5u8 {
+            assert_eq!(s.client.fill(32, i).await.expect("call"), pattern(32, i));
+        }
         let client1 = s.client.client().stats().await.unwrap();
-        common::eventually("the server published the 10 calls", || s.server.stats().proto.calls_completed == 11).await;
+        common::eventually("the server published the 15 calls", || s.server.stats().proto.calls_completed == 16).await;
         let server1 = s.server.stats();
         // Both drivers were woken for the calls (how often depends on timing across threads).
         assert!(client1.driver_polls > client0.driver_polls, "client driver polls: {client0:?} -> {client1:?}");
         assert!(server1.driver_polls > server0.driver_polls, "server driver polls: {server0:?} -> {server1:?}");
-        // Every call's handler runs in a task of its own.
-        assert_eq!(server1.handlers_spawned - server0.handlers_spawned, 10, "handler spawns");
+        // `echo` is marked `#[rpc(inline)]`: its handlers run in the driver (`ServerConfig`'s
+        // default); `fill` is not: each of its handlers runs in a task.
+        assert_eq!(server1.handlers_inline - server0.handlers_inline, 10, "handlers inline");
+        assert_eq!(server1.handlers_spawned - server0.handlers_spawned, 5, "handler spawns");
         assert_eq!(client1.handlers_spawned, 0, "a client spawns no handler");
     }
 }

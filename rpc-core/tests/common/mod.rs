@@ -25,13 +25,19 @@ pub const LIMIT: Duration = Duration::from_secs(60);
 /// payload test alone takes ~55 s on rxe0.
 pub const LIMIT_RDMA: Duration = Duration::from_secs(300);
 
+/// `echo` and `size` answer at once, whatever the size of their argument, and are marked
+/// `#[rpc(inline)]`: with `ServerConfig`'s default their handlers run in the connection's driver,
+/// the others' in tasks, so every suite that uses the default goes through both. (`fill` builds
+/// its answer, up to many MiB: not marked.)
 #[rpc_core::service]
 pub trait Echo {
     /// Returns its argument.
+    #[rpc(inline)]
     async fn echo(&self, data: Bytes) -> Bytes;
     /// Returns `len` bytes (response size chosen by the caller).
     async fn fill(&self, len: u64, seed: u8) -> Bytes;
     /// Takes a large request, returns its length.
+    #[rpc(inline)]
     async fn size(&self, data: Bytes) -> u64;
     /// Sleeps, then answers; records whether it finished or was dropped.
     async fn slow(&self, millis: u64) -> u64;
