@@ -33,11 +33,12 @@ pub struct MethodDesc {
     pub max_response: Option<u64>,
     /// Its handler answers without waiting (`#[rpc(inline)]` on the trait's method): the server
     /// polls it first in the connection's driver (unless [`ServerConfig::inline_handlers`] is
-    /// [`InlineHandlers::Never`](crate::InlineHandlers::Never)). A handler that finishes in that first poll is
-    /// answered at once: no task, channel or extra wake-up (a small call's instructions over tcp
-    /// ~16.8k -> ~13.7k, see BENCHMARKS.md). One that waits moves to a task and carries on there.
-    /// The cost: whatever it computes before its first `.await` stalls its whole connection that
-    /// long (its other calls, its keepalive answers). `false` for methods not marked.
+    /// [`InlineHandlers::Never`](crate::InlineHandlers::Never)). A handler that finishes in that
+    /// first poll is answered at once: no task, channel or extra wake-up (a small call's
+    /// instructions over tcp ~16.8k -> ~13.7k, see BENCHMARKS.md). One that waits moves to a task
+    /// and carries on there. The cost: whatever it computes before its first `.await` stalls its
+    /// whole connection that long (its other calls, its keepalive answers). `false` for methods
+    /// not marked.
     ///
     /// [`ServerConfig::inline_handlers`]: crate::ServerConfig::inline_handlers
     pub inline: bool,

@@ -230,7 +230,10 @@ over_all_transports! {
     async fn a_slot_reused_by_a_batch_of_inline_handlers_goes_back_when_the_batch_is_done(kind: Kind) {
         // One handler slot for the whole server: connection A's batches of inline handlers reuse
         // it within a poll, and it must be free again for connection B as soon as A is idle.
-        let config = ServerConfig::default().proto(common::proto()).inline_handlers(InlineHandlers::Always).max_concurrent_handlers(1);
+        let config = ServerConfig::default()
+            .proto(common::proto())
+            .inline_handlers(InlineHandlers::Always)
+            .max_concurrent_handlers(1);
         let server = Server::bind(&kind.bind_addr(), config, ProbeServer::new(ProbeImpl)).await.expect("bind");
         let addr = server.local_addr().to_string();
         let connect = || Client::connect(&addr, ClientConfig::default().proto(common::proto()));

@@ -12,8 +12,9 @@
 //! messages are copied into (`arena.rs`: 16 KiB each, a fresh one when calls still hold slices
 //! of the last; about one per 60 calls here). An allocation per call counts at least one per
 //! call: 10,000 and more here. Both ways of running handlers are measured: in the connection's
-//! driver (`ServerConfig::inline_handlers`) and in tasks of their own (the default), whose
-//! tasks, boxes and contexts are kept for as many as ran at once (`handler_tasks.rs`,
+//! driver (`ServerConfig`'s default for `echo`, which is marked `#[rpc(inline)]`) and in tasks
+//! of their own (`InlineHandlers::Never`; the default for methods not marked), whose tasks,
+//! boxes and contexts are kept for as many as ran at once (`handler_tasks.rs`,
 //! `future_slot.rs`).
 
 mod common;
@@ -64,8 +65,11 @@ async fn allocations_per_call(s: &Setup, in_flight: usize, warm_up: usize, calls
 async fn steady_state(kind: Kind, inline: bool) {
     counting_alloc::assert_installed();
     let _serial = counting_alloc::serial().await;
-    let which = if inline { rpc_core::InlineHandlers::Always } else { rpc_core::InlineHandlers::Never };
-    let server_config = rpc_core::ServerConfig::default().inline_handlers(which);
+    // `echo` is marked `#[rpc(inline)]`: the default runs it in the driver.
+    let server_config = match inline {
+        true => rpc_core::ServerConfig::default(),
+        false => rpc_core::ServerConfig::default().inline_handlers(rpc_core::InlineHandlers::Never),
+    };
     let s = common::setup_with(kind, server_config, rpc_core::ClientConfig::default()).await;
     let one = allocations_per_call(&s, 1, WARM_UP, CALLS).await;
     let many = allocations_per_call(&s, 64, WARM_UP, CALLS).await;

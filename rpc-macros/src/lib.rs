@@ -67,12 +67,12 @@ use proc_macro::TokenStream;
 /// # Method options
 ///
 /// `#[rpc(inline)]` on a method of the trait marks a handler that answers without waiting: the
-/// server polls it first in the connection's driver (`MethodDesc::inline`; `ServerConfig::
-/// inline_handlers` can turn that off, or on for every method), so a small call to it costs no task,
-/// channel or extra wake-up; if it does wait, it moves to a task and carries on there. Whatever
-/// it computes before its first `.await` stalls its connection meanwhile: mark only methods that
-/// answer at once. The attribute is the macro's: the trait as emitted does not carry it. Any other
-/// option is a compile error at its token.
+/// server polls it first in the connection's driver (`MethodDesc::inline`; the server's
+/// `inline_handlers` setting can turn that off, or on for every method), so a small call to it
+/// costs no task, channel or extra wake-up; if it does wait, it moves to a task and carries on
+/// there. Whatever it computes before its first `.await` stalls its connection meanwhile: mark
+/// only methods that answer at once. The attribute is the macro's: the trait as emitted does not
+/// carry it. Any other option is a compile error at its token.
 ///
 /// ```text
 /// #[rpc_core::service]

@@ -48,8 +48,8 @@ pub struct ConnStats {
     /// task spawned; see `ServerConfig::inline_handlers`). A server's; 0 on a client.
     pub handlers_inline: u64,
     /// Handlers the connection's driver ran in tasks (they waited in their first poll, or
-    /// `inline_handlers` did not put their first poll in the driver): in its handler tasks, each kept from one handler to the next.
-    /// A server's; 0 on a client.
+    /// `inline_handlers` did not put their first poll in the driver): in its handler tasks,
+    /// each kept from one handler to the next. A server's; 0 on a client.
     pub handlers_spawned: u64,
     /// Boxes the connection allocated for its handlers' futures (a server's; 0 on a client):
     /// a handler's future goes in the box of an earlier one that finished if one has its

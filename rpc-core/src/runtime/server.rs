@@ -572,12 +572,12 @@ impl ServerDriver {
     }
 
     /// Starts one handler: polled once here when [`ServerConfig::inline_handlers`] says so for
-    /// its method (answered at once if it finishes), else (or if it waits) handed to one of the connection's handler tasks,
-    /// which sends its result back (`handler_tasks`).
+    /// its method (answered at once if it finishes), else (or if it waits) handed to one of the
+    /// connection's handler tasks, which sends its result back (`handler_tasks`).
     fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
         let name = self.names.index(method);
-        // Its name, and whether its handler is polled here first ([`ServerConfig::inline_handlers`]).
+        // Its name, and whether its handler is polled here first (`ServerConfig::inline_handlers`).
         let (method_name, here) = {
             let m = self.names.get(name);
             (m.name, m.inline)

@@ -128,7 +128,7 @@ fn service_impl(ctx: &Context, service: &ServiceDef) -> TokenStream {
     }
 }
 
-/// `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET, max_response: .., inline: false }`.
+/// `MethodDesc { name: "get", full_name: "Kv.get", id: KvClient::GET, max_response: .., inline: .. }`.
 fn method_desc(ctx: &Context, method: &MethodDef) -> TokenStream {
     let krate = &ctx.krate;
     let name = method.name();
