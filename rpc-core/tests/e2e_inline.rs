@@ -2,8 +2,8 @@
 //! spawned); handlers that wait move to a task of their own; a panic either way is answered as a
 //! `Handler` error and the connection carries on (`ServerConfig::inline_handlers`). A handler's
 //! future goes in a box of its connection's, reused by the next future of its layout
-//! (`ConnStats::handler_boxes`). Methods marked `#[rpc(inline)]` are polled first in the driver
-//! whatever `ServerConfig::inline_handlers` says.
+//! (`ConnStats::handler_boxes`). With `ServerConfig`'s default only the methods marked
+//! `#[rpc(inline)]` are polled first in the driver; `InlineHandlers::Never` rules them out too.
 
 mod common;
 
@@ -155,7 +155,7 @@ over_all_transports! {
         }
     }
 
-    async fn with_inline_handlers_off_every_handler_is_spawned(kind: Kind) {
+    async fn with_the_default_every_unmarked_handler_is_spawned(kind: Kind) {
         let s = setup(kind, false).await;
         for x in 0..5 {
             assert_eq!(s.client.quick(x).await.unwrap(), x + 1);
@@ -167,13 +167,13 @@ over_all_transports! {
         s.server.shutdown().await;
     }
 
-    async fn with_inline_handlers_off_the_methods_marked_inline_run_inline(kind: Kind) {
+    async fn with_the_default_only_the_methods_marked_inline_run_inline(kind: Kind) {
         let s = setup(kind, false).await;
         for x in 0..10 {
             assert_eq!(s.client.marked_quick(x).await.unwrap(), x + 1);
             assert_eq!(s.client.quick(x).await.unwrap(), x + 1);
         }
-        // A marked handler that waits moves to a task, as with inline handlers on.
+        // A marked handler that waits moves to a task, as with `InlineHandlers::Always`.
         let calls = (0..3).map(|i| s.client.marked_waits(5 + i));
         let answers = futures::future::join_all(calls).await;
         assert_eq!(answers.into_iter().map(Result::unwrap).collect::<Vec<_>>(), vec![5, 6, 7]);

@@ -395,7 +395,7 @@ fn print(args: &CountsArgs, rows: &[Row]) {
         args.warmup,
         (args.calls / args.outstanding.max(1) as u64).max(1) * args.outstanding as u64,
         match args.handlers_in_tasks {
-            true => "in tasks of their own (`--handlers-in-tasks`, ServerConfig's default)",
+            true => "in tasks of their own (`--handlers-in-tasks`, as ServerConfig's default for unmarked methods)",
             false => "in the connection's driver (methods marked #[rpc(inline)], ServerConfig's default)",
         }
     );
