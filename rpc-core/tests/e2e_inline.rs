@@ -33,6 +33,10 @@ pub trait Probe {
     /// `waits`, marked to run inline: its first poll in the driver, the rest in a task.
     #[rpc(inline)]
     async fn marked_waits(&self, millis: u64) -> u64;
+    /// Marked to run inline, but blocks its thread for `millis` before answering (what a
+    /// handler that computes for long does to the driver it runs in).
+    #[rpc(inline)]
+    async fn marked_blocks(&self, millis: u64) -> u64;
 }
 
 struct ProbeImpl;
@@ -67,6 +71,10 @@ impl Probe for ProbeImpl {
     async fn marked_waits(&self, millis: u64) -> u64 {
         self.waits(millis).await
     }
+    async fn marked_blocks(&self, millis: u64) -> u64 {
+        std::thread::sleep(Duration::from_millis(millis));
+        millis
+    }
 }
 
 struct Setup {
@@ -82,7 +90,11 @@ async fn setup(kind: Kind, inline: bool) -> Setup {
 }
 
 async fn setup_with(kind: Kind, which: InlineHandlers) -> Setup {
-    let config = ServerConfig::default().proto(common::proto()).inline_handlers(which);
+    setup_config(kind, ServerConfig::default().inline_handlers(which)).await
+}
+
+async fn setup_config(kind: Kind, config: ServerConfig) -> Setup {
+    let config = config.proto(common::proto());
     let server = Server::bind(&kind.bind_addr(), config, ProbeServer::new(ProbeImpl)).await.expect("bind");
     let addr = server.local_addr().to_string();
     let client =
@@ -191,6 +203,27 @@ over_all_transports! {
         assert_eq!(s.client.marked_waits(1).await.unwrap(), 1);
         let stats = stats_after(&s.server, 6).await;
         assert_eq!((stats.handlers_inline, stats.handlers_spawned), (0, 6), "{stats:?}");
+        s.server.shutdown().await;
+    }
+
+    async fn a_marked_handler_that_holds_the_driver_counts_as_a_stall_and_the_connection_carries_on(kind: Kind) {
+        // 100 ms held against a limit of 40 ms: a stall whatever the machine's load. Calls that
+        // answer at once are not asserted on here (a loaded machine may preempt one for that long).
+        let config = ServerConfig::default().inline_stall(Some(Duration::from_millis(40)));
+        let s = setup_config(kind, config).await;
+        assert_eq!(s.client.marked_blocks(100).await.unwrap(), 100);
+        assert_eq!(s.client.marked_blocks(100).await.unwrap(), 100);
+        assert_eq!(s.client.marked_quick(1).await.unwrap(), 2, "the connection carries on");
+        let stats = stats_after(&s.server, 3).await;
+        assert_eq!(stats.handlers_inline, 3, "{stats:?}");
+        assert!((2..=3).contains(&stats.inline_stalls), "both blocking handlers are stalls: {stats:?}");
+        s.server.shutdown().await;
+
+        // The check off: the same handlers count nothing.
+        let s = setup_config(kind, ServerConfig::default().inline_stall(None)).await;
+        assert_eq!(s.client.marked_blocks(100).await.unwrap(), 100);
+        let stats = stats_after(&s.server, 1).await;
+        assert_eq!((stats.handlers_inline, stats.inline_stalls), (1, 0), "{stats:?}");
         s.server.shutdown().await;
     }
 

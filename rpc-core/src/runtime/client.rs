@@ -623,6 +623,7 @@ impl ClientDriver {
                     caller_passes: self.caller_passes,
                     handlers_inline: 0,
                     handlers_spawned: 0,
+                    inline_stalls: 0,
                     handler_boxes: 0,
                 });
             }

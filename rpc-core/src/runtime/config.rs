@@ -191,10 +191,22 @@ pub struct ServerConfig {
     /// that long, its other calls and its keepalive answers included (a client declares the
     /// connection dead after [`ProtoConfig::idle_timeout`] of silence): one slow handler (a 64
     /// MiB response built in place, under emulation) was enough to stall a connection past its
-    /// idle timeout. Either way a handler holds its slot of
+    /// idle timeout; such a handler is reported ([`ServerConfig::inline_stall`]). Either way a handler holds its slot of
     /// [`ServerConfig::max_concurrent_handlers`] while it runs, and a panic is answered as a
     /// `Handler` error.
     pub inline_handlers: InlineHandlers,
+    /// How long a handler's first poll in the connection's driver (see
+    /// [`ServerConfig::inline_handlers`]) may hold it before it is reported as a stall: the
+    /// connection's other calls and its keepalive answers waited that long. Default 1 ms (a
+    /// handler that answers at once takes microseconds). A stall counts in
+    /// [`ConnStats::inline_stalls`](crate::ConnStats::inline_stalls) and in the
+    /// `rpc_server_inline_stalls_total` metric of its method, and is logged as a `warn` event in
+    /// the call's span (at most one per connection every 10 s, with the count so far): its
+    /// method should not be marked `#[rpc(inline)]`, or the server should run with
+    /// [`InlineHandlers::Never`]. The measure is one reading of the clock per handler polled in
+    /// the driver, once its answer is out (~25 ns where the clock is read in user space);
+    /// `None` turns it off, and the reading with it.
+    pub inline_stall: Option<Duration>,
     /// Where connection timers wait: see [`ClientConfig::timer_thread`]. Default `true`.
     pub timer_thread: bool,
 }
@@ -228,6 +240,7 @@ impl Default for ServerConfig {
             shutdown_timeout: Duration::from_secs(30),
             rdma: rpc_transport::RdmaSettings::default(),
             inline_handlers: InlineHandlers::Marked,
+            inline_stall: Some(Duration::from_millis(1)),
             timer_thread: true,
         }
     }
@@ -287,6 +300,11 @@ impl ServerConfig {
     /// Sets [`ServerConfig::inline_handlers`].
     pub fn inline_handlers(mut self, which: InlineHandlers) -> Self {
         self.inline_handlers = which;
+        self
+    }
+    /// Sets [`ServerConfig::inline_stall`].
+    pub fn inline_stall(mut self, after: Option<Duration>) -> Self {
+        self.inline_stall = after;
         self
     }
     /// Sets [`ServerConfig::timer_thread`].

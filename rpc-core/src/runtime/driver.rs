@@ -51,6 +51,10 @@ pub struct ConnStats {
     /// `inline_handlers` did not put their first poll in the driver): in its handler tasks,
     /// each kept from one handler to the next. A server's; 0 on a client.
     pub handlers_spawned: u64,
+    /// Handlers whose first poll in the connection's driver held it for
+    /// [`ServerConfig::inline_stall`](crate::ServerConfig::inline_stall) or longer. A server's;
+    /// 0 on a client.
+    pub inline_stalls: u64,
     /// Boxes the connection allocated for its handlers' futures (a server's; 0 on a client):
     /// a handler's future goes in the box of an earlier one that finished if one has its
     /// layout (see [`Service::call_in`](crate::Service::call_in)), so this grows with the
@@ -71,6 +75,7 @@ impl ConnStats {
             caller_passes: self.caller_passes + other.caller_passes,
             handlers_inline: self.handlers_inline + other.handlers_inline,
             handlers_spawned: self.handlers_spawned + other.handlers_spawned,
+            inline_stalls: self.inline_stalls + other.inline_stalls,
             handler_boxes: self.handler_boxes + other.handler_boxes,
         }
     }
@@ -204,6 +209,12 @@ impl Clock {
     fn advance_to(&mut self, at: tokio::time::Instant) {
         let now = self.now();
         self.0 = Some(now.max(at));
+    }
+
+    /// Takes `at`, just read, as the reading (user code ran, and the caller read the clock after
+    /// it).
+    pub(crate) fn set(&mut self, at: tokio::time::Instant) {
+        self.0 = Some(at);
     }
 
     /// Forgets the reading: a new wake-up, or user code ran since.

@@ -12,6 +12,7 @@
 //! | `rpc_server_calls_total` | counter | `method` |
 //! | `rpc_server_errors_total` | counter | `method`, `kind` (`handler`, `bad_request`, `unknown_method`, `cancelled`, `deadline_exceeded`, ..) |
 //! | `rpc_server_call_duration_seconds` | histogram | `method` |
+//! | `rpc_server_inline_stalls_total` | counter | `method`: handlers whose first poll in the connection's driver held it too long ([`ServerConfig::inline_stall`](crate::ServerConfig::inline_stall)) |
 //!
 //! A client's call lasts from the stub's call (or [`Client::call`](crate::Client::call)) to its
 //! result. A server's lasts from the request's arrival to its answer: for a handler that finished
@@ -104,6 +105,7 @@ pub(crate) struct ServerMethod {
     pub(crate) inline: bool,
     calls: Counter,
     duration: Histogram,
+    stalls: Counter,
 }
 
 impl ServerMethod {
@@ -113,7 +115,13 @@ impl ServerMethod {
             inline,
             calls: metrics::counter!("rpc_server_calls_total", "method" => name),
             duration: metrics::histogram!("rpc_server_call_duration_seconds", "method" => name),
+            stalls: metrics::counter!("rpc_server_inline_stalls_total", "method" => name),
         })
+    }
+
+    /// One of its handlers held the connection's driver too long in its first poll.
+    pub(crate) fn inline_stalled(&self) {
+        self.stalls.increment(1);
     }
 }
 

@@ -316,6 +316,7 @@ impl Acceptor {
             max_handlers: self.config.max_handlers_per_connection,
             handlers_inline: 0,
             handlers_spawned: 0,
+            stalls: InlineStalls::new(self.config.inline_stall),
             waiting: VecDeque::new(),
             waiting_published: 0,
             resources: self.resources.clone(),
@@ -414,6 +415,61 @@ struct Running {
     spawn: u64,
 }
 
+/// The check on handlers polled in the driver ([`ServerConfig::inline_stall`]): how many held
+/// it too long, and when the last warning was logged.
+struct InlineStalls {
+    after: Option<Duration>,
+    count: u64,
+    warned: Option<tokio::time::Instant>,
+}
+
+impl InlineStalls {
+    /// At most one warning per connection this often (each with the count so far).
+    const WARN_EVERY: Duration = Duration::from_secs(10);
+
+    fn new(after: Option<Duration>) -> Self {
+        InlineStalls { after, count: 0, warned: None }
+    }
+
+    /// A handler polled in the driver from `started` on has given it back: reads the clock
+    /// (user code ran: `clock`'s reading is stale; it takes this one) and reports a stall if the
+    /// handler held the driver too long. Off, only forgets `clock`'s reading.
+    fn check(
+        &mut self,
+        started: tokio::time::Instant,
+        clock: &mut driver::Clock,
+        call: &CallReport,
+        names: &MethodTable,
+    ) {
+        let Some(after) = self.after else {
+            clock.reset();
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        clock.set(now);
+        let held = now.saturating_duration_since(started);
+        if held < after {
+            return;
+        }
+        self.count += 1;
+        let method = names.get(call.name);
+        method.inline_stalled();
+        if self.warned.is_some_and(|at| now.saturating_duration_since(at) < Self::WARN_EVERY) {
+            return;
+        }
+        self.warned = Some(now);
+        tracing::warn!(
+            parent: &call.span,
+            held_us = u64::try_from(held.as_micros()).unwrap_or(u64::MAX),
+            stalls = self.count,
+            "a handler polled in the connection's driver held it for {held:?} (limit {after:?}): the \
+             connection's other calls waited; do not mark {} `#[rpc(inline)]`, or run the server \
+             with `InlineHandlers::Never`",
+            method.name,
+        );
+    }
+}
+
 /// What a call's end reports (its `call` span, event and metrics).
 struct CallReport {
     method: MethodId,
@@ -461,6 +517,8 @@ struct ServerDriver {
     /// [`ConnStats`]).
     handlers_inline: u64,
     handlers_spawned: u64,
+    /// Handlers whose first poll here held the driver too long.
+    stalls: InlineStalls,
     /// Requests waiting for a slot or for rendezvous budget, in arrival order (bounded by the
     /// protocol's calls in flight).
     waiting: VecDeque<Waiting>,
@@ -632,11 +690,15 @@ impl ServerDriver {
             }
         };
         if here {
+            // When it started holding the driver, for the stall check (the reading this
+            // wake-up's events were stamped with, or the one taken after the last handler).
+            let started = self.scratch.clock.now();
             // The first poll, here, under the call's span (the context and pool are set by the
             // future itself). A waker that does nothing: if the handler waits, the task it moves
             // to polls it again at once and registers its own waker.
             let mut noop = Context::from_waker(futures::task::noop_waker_ref());
-            if let Poll::Ready(caught) = call.span.in_scope(|| fut.poll(&mut noop)) {
+            let polled = call.span.in_scope(|| fut.poll(&mut noop));
+            if let Poll::Ready(caught) = polled {
                 self.ended_here(permit);
                 self.handlers_inline += 1;
                 let answered = self.answer(call_id, handler_answer(caught));
@@ -644,15 +706,17 @@ impl ServerDriver {
                 // `post_answers`); what is left of the call is done after it, off the way from
                 // the request to its answer: its end is the time of its report, once the answer
                 // is handed to the transport (or queued behind others of the round). User code
-                // ran: the driver's reading of the clock is stale.
+                // ran: the driver's reading of the clock is stale (the stall check reads it
+                // again, after the answer).
                 self.post_answers();
-                self.scratch.clock.reset();
+                self.stalls.check(started, &mut self.scratch.clock, &call, &self.names);
                 // The box, context and pool are kept for the next handler (the box holds
                 // nothing of this one any more).
                 self.boxes.give_back(fut);
                 self.close(&call, None, answered);
                 return;
             }
+            self.stalls.check(started, &mut self.scratch.clock, &call, &self.names);
         }
         // Counted as running from here: a handler that finished inline above started and
         // ended within this poll.
@@ -881,6 +945,7 @@ impl ServerDriver {
             caller_passes: _, // a client's; 0 on a server, as the slot started
             handlers_inline,
             handlers_spawned,
+            inline_stalls,
             handler_boxes,
         } = &mut *slot;
         *proto = self.proto.stats();
@@ -889,6 +954,7 @@ impl ServerDriver {
         *driver_polls = self.polls;
         *handlers_inline = self.handlers_inline;
         *handlers_spawned = self.handlers_spawned;
+        *inline_stalls = self.stalls.count;
         *handler_boxes = self.boxes.made();
     }
 
@@ -1035,5 +1101,66 @@ impl Drop for ServerDriver {
             running.task.abort();
         }
         self.drop_waiting();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> MethodTable {
+        MethodTable { methods: Vec::new(), unknown: ServerMethod::new("unknown", false) }
+    }
+
+    fn call(arrived: tokio::time::Instant) -> CallReport {
+        CallReport { method: 0, name: MethodIx(None), span: tracing::Span::none(), arrived, request_bytes: 0 }
+    }
+
+    /// Paused time: the clock moves only when the test says, so "holding the driver" is a
+    /// `tokio::time::advance` between the start and the check.
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_that_holds_the_driver_past_the_limit_counts_and_warnings_are_rate_limited() {
+        let (names, mut clock) = (table(), driver::Clock::default());
+        let mut stalls = InlineStalls::new(Some(Duration::from_millis(1)));
+        let hold = |d: Duration| async move {
+            let started = tokio::time::Instant::now();
+            tokio::time::advance(d).await;
+            started
+        };
+
+        // Under the limit: not a stall; the clock's reading is the one the check took.
+        let started = hold(Duration::from_micros(999)).await;
+        stalls.check(started, &mut clock, &call(started), &names);
+        assert_eq!((stalls.count, stalls.warned), (0, None));
+        assert_eq!(clock.now(), tokio::time::Instant::now(), "the check's reading is kept");
+
+        // At the limit: a stall, warned.
+        let started = hold(Duration::from_millis(1)).await;
+        stalls.check(started, &mut clock, &call(started), &names);
+        let first_warning = tokio::time::Instant::now();
+        assert_eq!((stalls.count, stalls.warned), (1, Some(first_warning)));
+
+        // Another within 10 s: counted, not warned again.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let started = hold(Duration::from_millis(3)).await;
+        stalls.check(started, &mut clock, &call(started), &names);
+        assert_eq!((stalls.count, stalls.warned), (2, Some(first_warning)));
+
+        // 10 s after the last warning: warned again.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let started = hold(Duration::from_millis(2)).await;
+        stalls.check(started, &mut clock, &call(started), &names);
+        assert_eq!((stalls.count, stalls.warned), (3, Some(tokio::time::Instant::now())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_the_check_off_nothing_counts_and_the_clock_reading_is_forgotten() {
+        let (names, mut clock) = (table(), driver::Clock::default());
+        let mut stalls = InlineStalls::new(None);
+        let started = clock.now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        stalls.check(started, &mut clock, &call(started), &names);
+        assert_eq!((stalls.count, stalls.warned), (0, None));
+        assert_eq!(clock.now(), tokio::time::Instant::now(), "a fresh reading, not the stale one");
     }
 }
