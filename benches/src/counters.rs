@@ -67,6 +67,10 @@ pub struct Counters {
     /// busy-polling run spent its spare turns.
     #[serde(default)]
     pub busy_poll_spins: u64,
+    /// Handlers whose first poll in the connection's driver held it past
+    /// `ServerConfig::inline_stall` (server side).
+    #[serde(default)]
+    pub inline_stalls: u64,
 }
 
 impl From<&ConnStats> for Counters {
@@ -99,6 +103,7 @@ impl From<&ConnStats> for Counters {
             send_posts: t.send_posts,
             caller_passes: s.caller_passes,
             busy_poll_spins: t.busy_poll_spins,
+            inline_stalls: s.inline_stalls,
         }
     }
 }
@@ -106,7 +111,7 @@ impl From<&ConnStats> for Counters {
 impl Counters {
     /// Field-by-field sum.
     pub fn add(&mut self, o: &Counters) {
-        let pairs: [(&mut u64, u64); 26] = [
+        let pairs: [(&mut u64, u64); 27] = [
             (&mut self.calls_completed, o.calls_completed),
             (&mut self.eager_sent, o.eager_sent),
             (&mut self.rendezvous_sent, o.rendezvous_sent),
@@ -133,6 +138,7 @@ impl Counters {
             (&mut self.send_posts, o.send_posts),
             (&mut self.caller_passes, o.caller_passes),
             (&mut self.busy_poll_spins, o.busy_poll_spins),
+            (&mut self.inline_stalls, o.inline_stalls),
         ];
         for (mine, theirs) in pairs {
             *mine += theirs;
@@ -140,7 +146,7 @@ impl Counters {
     }
 
     /// The rows printed at the end of a run: `(name, value)`.
-    pub fn rows(&self) -> [(&'static str, u64); 22] {
+    pub fn rows(&self) -> [(&'static str, u64); 23] {
         [
             ("calls completed", self.calls_completed),
             ("eager sent", self.eager_sent),
@@ -163,6 +169,7 @@ impl Counters {
             ("caller passes", self.caller_passes),
             ("busy-poll spins", self.busy_poll_spins),
             ("handlers spawned", self.handlers_spawned),
+            ("inline stalls", self.inline_stalls),
             ("SEND posts", self.send_posts),
         ]
     }
@@ -182,6 +189,7 @@ mod tests {
             handlers_spawned: 5,
             caller_passes: 6,
             busy_poll_spins: 7,
+            inline_stalls: 8,
             ..Counters::default()
         };
         let mut sum = one;
@@ -190,6 +198,7 @@ mod tests {
         assert_eq!(sum.driver_polls, 8);
         assert_eq!(sum.caller_passes, 12);
         assert_eq!(sum.busy_poll_spins, 14);
+        assert_eq!(sum.inline_stalls, 16);
         assert_eq!(sum.handlers_spawned, 10);
         assert_eq!(sum.credit_stalls, 4);
         assert_eq!(sum.reads_refused, 6);
