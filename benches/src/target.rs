@@ -2,6 +2,7 @@
 //! are the same for rpc-core (over any transport address), tarpc and a raw TCP ping-pong.
 
 use std::future::Future;
+use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_core::codec::SharedBytes;
@@ -60,6 +61,11 @@ pub struct ProtoSettings {
     /// `ServerConfig`'s default, `InlineHandlers::Marked`, runs them there).
     #[arg(long)]
     pub handlers_in_tasks: bool,
+    /// How long setting up a connection may take, in seconds: the client's connect timeout and
+    /// the server's handshake timeout (rpc-core). Default: `ClientConfig`'s and
+    /// `ServerConfig`'s (10 s and 5 s). Under valgrind in the VM, a set-up can take longer.
+    #[arg(long, value_name = "SECS")]
+    pub setup_timeout: Option<u64>,
 }
 
 impl Default for ProtoSettings {
@@ -70,6 +76,7 @@ impl Default for ProtoSettings {
             recv_depth: d.recv_depth,
             max_in_flight: d.max_in_flight,
             handlers_in_tasks: false,
+            setup_timeout: None,
         }
     }
 }
@@ -87,7 +94,10 @@ impl ProtoSettings {
     pub fn server_config(&self) -> ServerConfig {
         // The benchmark service's handlers answer at once, and its methods are marked so: with
         // `ServerConfig`'s default they run in the connection's driver, unless asked otherwise.
-        let config = ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16);
+        let mut config = ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16);
+        if let Some(secs) = self.setup_timeout {
+            config = config.handshake_timeout(Duration::from_secs(secs));
+        }
         match self.handlers_in_tasks {
             true => config.inline_handlers(InlineHandlers::Never),
             false => config,
@@ -106,6 +116,9 @@ impl ProtoSettings {
         ];
         if self.handlers_in_tasks {
             args.push("--handlers-in-tasks".into());
+        }
+        if let Some(secs) = self.setup_timeout {
+            args.extend(["--setup-timeout".into(), secs.to_string()]);
         }
         args
     }
@@ -187,7 +200,10 @@ impl Target for RpcTarget {
     type Prepared = RpcPrepared;
 
     async fn connect(addr: &str, settings: &ProtoSettings) -> Result<Self, BenchError> {
-        let config = ClientConfig::default().proto(settings.proto());
+        let mut config = ClientConfig::default().proto(settings.proto());
+        if let Some(secs) = settings.setup_timeout {
+            config = config.connect_timeout(Duration::from_secs(secs));
+        }
         let client = Client::connect(addr, config).await.map_err(|e| BenchError::connect(addr, e))?;
         Ok(RpcTarget { client, opts: CallOptions::new() })
     }
@@ -249,9 +265,14 @@ mod tests {
             #[command(flatten)]
             s: ProtoSettings,
         }
-        for handlers_in_tasks in [false, true] {
-            let s =
-                ProtoSettings { eager_threshold: 4096, recv_depth: 16, max_in_flight: 7, handlers_in_tasks };
+        for (handlers_in_tasks, setup_timeout) in [(false, None), (true, Some(60))] {
+            let s = ProtoSettings {
+                eager_threshold: 4096,
+                recv_depth: 16,
+                max_in_flight: 7,
+                handlers_in_tasks,
+                setup_timeout,
+            };
             let mut args = vec!["p".to_string()];
             args.extend(s.to_args());
             let parsed = <P as clap::Parser>::try_parse_from(args).unwrap();

@@ -46,6 +46,10 @@ if ! [[ "$n1" =~ ^[0-9]+$ && "$n2" =~ ^[0-9]+$ ]] || ((n2 <= n1)); then
     exit 2
 fi
 SERVER_IP=10.0.2.15
+# How long a connection's set-up may take under callgrind (rpc-bench --setup-timeout; the
+# defaults are 10 s and 5 s). The split run dumps a profile at every `epoll_wait` and `write`,
+# the set-up's too: on a slow boot its connect took over 10 s, twice in a row.
+SETUP_SECS=120
 SCRIPTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 if ! command -v valgrind >/dev/null 2>&1; then
@@ -64,7 +68,7 @@ run() {
     if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --dump-instr=yes --trace-children=yes \
         --toggle-collect='benches::report::Point::new' --collect-atstart=yes \
         --callgrind-out-file="$work/$1-%p.out" "$BIN" run --system "$SYSTEM" --listen "rdma://$SERVER_IP:0" --workload echo \
-        --sizes 32 --iters "$1" --warmup 500 --no-plots --out "$work/bench-$1" >"$work/log-$1" 2>&1; then
+        --sizes 32 --iters "$1" --warmup 500 --no-plots --setup-timeout "$SETUP_SECS" --out "$work/bench-$1" >"$work/log-$1" 2>&1; then
         cat "$work/log-$1" >&2
         echo "verbs-instructions.sh: the callgrind run of $1 calls on $DEV failed" >&2
         return 1
@@ -117,7 +121,8 @@ if command -v python3 >/dev/null 2>&1; then
     mkdir -p "$work/cp"
     if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --dump-instr=yes --trace-children=yes --dump-after=epoll_wait \
         --dump-before=write --callgrind-out-file="$work/cp/cp-%p.out" "$BIN" run --system "$SYSTEM" --listen "rdma://$SERVER_IP:0" \
-        --workload echo --sizes 32 --iters 300 --warmup 100 --no-plots --out "$work/bench-cp" >"$work/log-cp" 2>&1; then
+        --workload echo --sizes 32 --iters 300 --warmup 100 --no-plots --setup-timeout "$SETUP_SECS" --out "$work/bench-cp" \
+        >"$work/log-cp" 2>&1; then
         cat "$work/log-cp" >&2
         echo "verbs-instructions.sh: the split callgrind run on $DEV failed" >&2
         exit 1
