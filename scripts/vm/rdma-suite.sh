@@ -20,8 +20,8 @@
 #     raw-transport`: a ping-pong on the transport under rpc-core, its floor), download and upload
 #     1 MiB and 16 MiB with 1 and with 4 calls in flight, a few seconds per point) and
 #     scripts/vm/perftest.sh <dev>, in alternating order. Every step is bounded by what is left of
-#     the VM's time; on a slow boot the rounds give way (see run_rounds: at least one per device,
-#     the rest as the device's share of the time holds; the summary says loudly which were cut);
+#     the VM's time; on a slow boot the rounds give way (see run_rounds: as many per device as
+#     its share of the time holds, the first whenever the time left holds one; the summary says loudly which were cut);
 #     the tests, the demo and the instruction count never do;
 #  4. prints a summary: per device, per binary the `test result:` line, the demo status, the bench table
 #     next to perftest: medians over the rounds, each round's ratio (its rpc-bench figure over its own
@@ -46,7 +46,7 @@
 #
 # Exit status: 0 if the doctor passed, every test binary passed and ran > 0 tests, the demo, every
 # bench run and the instruction count (unless valgrind is missing: then it says so) succeeded on both
-# devices (bench rounds after the first that the time bound cut are reported loudly, not counted);
+# devices (bench rounds the time bound cut are reported loudly, not counted);
 # 1 if anything failed, was not run, or the VM timed out; 78 if
 # this machine cannot run the VM at all (setup.sh failed, no qemu-system-x86_64, or the VM did not
 # boot / set up RDMA); 2 usage.
@@ -94,6 +94,10 @@ DEADLINE=0
 END_MARGIN=30
 # Status of a step that did not start because the budget was spent.
 NO_TIME=200
+# The longest bench round so far (any device), and what a first round is reckoned to take before
+# any has run (~110-140 s under TCG).
+LONGEST_ROUND=0
+ROUND_GUESS=150
 # The instruction count's own step bound: ~4-5 min per device on a usual boot, over 400 s on a slow one.
 INSTR_TIMEOUT="${RPC_RDMA_SUITE_INSTR_TIMEOUT:-900}"
 
@@ -262,26 +266,34 @@ run_round() {
 # run_rounds DEV LATER SETUP_SECS: up to ROUNDS rounds on DEV, as many as its share of the budget
 # holds. LATER devices come after this one; each is reckoned to need 5/4 of SETUP_SECS (what DEV's
 # doctor, tests, demo and instruction count took) for its own, and the rest of the budget is shared
-# between DEV's rounds and theirs. The first round always runs (if any time is left at all); a
-# further one only if the longest round so far, and a fifth of it more, fits in what is left of
-# the share. Rounds cut are recorded (kind `rounds`), printed loudly in the summary, and not failures:
+# between DEV's rounds and theirs. The first round runs if it fits in what is left of the VM's
+# time (reckoned as the longest round so far on any device, else ROUND_GUESS, and a fifth more:
+# a round whose steps ran out of time would fail them); a further one only if it also fits in
+# what is left of the share. Rounds cut are recorded (kind `rounds`), printed loudly in the summary, and not failures:
 # they are measurements, and the tests, the demo and the instruction count run first.
 run_rounds() {
-    local dev="$1" later="$2" setup="$3" round t0=$SECONDS t longest=0 share
+    local dev="$1" later="$2" setup="$3" round t0=$SECONDS t longest=0 share expect
     if ((VM_BUDGET > 0)); then
         share=$((($(time_left) - END_MARGIN - later * setup * 5 / 4) / (later + 1)))
     fi
     for ((round = 1; round <= ROUNDS; round++)); do
-        if ((VM_BUDGET > 0 && round > 1 && (SECONDS - t0 + longest * 6 / 5 > share || longest * 6 / 5 + 10 > $(time_left) - END_MARGIN))); then
+        # What the next round is reckoned to take: the longest so far (on this device, else on
+        # one before it, else ROUND_GUESS), and a fifth more.
+        expect=$longest
+        ((expect > 0)) || expect=$LONGEST_ROUND
+        ((expect > 0)) || expect=$ROUND_GUESS
+        expect=$((expect * 6 / 5))
+        if ((VM_BUDGET > 0 && ((round > 1 && SECONDS - t0 + expect > share) || expect + 10 > $(time_left) - END_MARGIN))); then
             local which="rounds $round-$ROUNDS"
             ((round < ROUNDS)) || which="round $round"
-            record "$dev" rounds cut 0 "$round" - "$which not run: this device's share of the VM's time was $share s, $((round - 1)) round(s) took $((SECONDS - t0)) s (the longest $longest s)"
-            echo "!!!!! [$dev] $which NOT RUN: $((round - 1)) round(s) took $((SECONDS - t0)) s of this device's $share s share of the VM's time"
+            record "$dev" rounds cut 0 "$round" - "$which not run: this device's share of the VM's time was $share s, $((round - 1)) round(s) took $((SECONDS - t0)) s, the next reckoned at $expect s, $(time_left) s left"
+            echo "!!!!! [$dev] $which NOT RUN: $((round - 1)) round(s) took $((SECONDS - t0)) s of this device's $share s share of the VM's time; the next reckoned at $expect s, $(time_left) s left"
             return
         fi
         t=$SECONDS
         run_round "$dev" "$round"
         ((SECONDS - t <= longest)) || longest=$((SECONDS - t))
+        ((longest <= LONGEST_ROUND)) || LONGEST_ROUND=$longest
     done
 }
 
