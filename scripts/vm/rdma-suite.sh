@@ -115,32 +115,38 @@ record() {
 # connection-setup failure ("work request failed: flushed" before the hello: a siw race, now
 # worked around by `RdmaConfig::hello_nudge_after`; the retry stays as a guard). The first attempt's log
 # is kept as LOG.first-attempt and the step is listed as FLAKY in the summary, never passed silently;
-# a step that fails twice fails the suite.
-# Each attempt is bounded by STEP_BOUND (default STEP_TIMEOUT) and by what is left of the VM's
-# budget: a step that would start with no time left is not run (status NO_TIME).
+# a step that fails twice fails the suite. Each attempt is `bounded`; a failed one is run again
+# only if time is left for it.
 run_step() {
     local log="$1" t0=$SECONDS bound
     shift
-    STEP_STATUS=0
-    if ! step_bound; then
-        echo "not run: the VM's time budget was spent" >"$log"
-        STEP_STATUS=$NO_TIME STEP_SECS=0
-        return
-    fi
-    STEP_BOUNDED=$bound
-    timeout -k 10 "$bound" "$@" >"$log" 2>&1 </dev/null || STEP_STATUS=$?
-    if ((STEP_STATUS != 0 && STEP_STATUS != 124 && STEP_STATUS != 137)) && step_bound; then
+    bounded "$log" "$@"
+    if ((STEP_STATUS != 0 && STEP_STATUS != NO_TIME && STEP_STATUS != 124 && STEP_STATUS != 137)) && step_bound; then
         mv -f "$log" "$log.first-attempt"
         printf '%s\tfailed once (status %s), retried: %s\n' "${log#"$SUITE_DIR"/}" "$STEP_STATUS" \
             "$(grep -a -m1 -iE 'error|panicked|failed' "$log.first-attempt" | cut -c1-160)" >>"$SUITE_DIR/flaky.tsv"
-        STEP_STATUS=0
-        STEP_BOUNDED=$bound
-        timeout -k 10 "$bound" "$@" >"$log" 2>&1 </dev/null || STEP_STATUS=$?
+        bounded "$log" "$@"
     fi
     STEP_SECS=$((SECONDS - t0))
 }
 
-# Sets bound (in run_step's scope) to the step's bound, cut to the budget's rest less END_MARGIN;
+# bounded LOG CMD...: one attempt of CMD, its output in LOG, bounded by STEP_BOUND (default
+# STEP_TIMEOUT) and by what is left of the VM's budget; sets STEP_STATUS and STEP_BOUNDED. An
+# attempt that would start with no time left is not run (status NO_TIME).
+bounded() {
+    local log="$1" bound
+    shift
+    STEP_STATUS=0
+    if ! step_bound; then
+        echo "not run: the VM's time budget was spent" >"$log"
+        STEP_STATUS=$NO_TIME
+        return
+    fi
+    STEP_BOUNDED=$bound
+    timeout -k 10 "$bound" "$@" >"$log" 2>&1 </dev/null || STEP_STATUS=$?
+}
+
+# Sets bound (in its caller's scope) to the step's bound, cut to the budget's rest less END_MARGIN;
 # fails if under 10 s would be left.
 step_bound() {
     bound="${STEP_BOUND:-$STEP_TIMEOUT}"
@@ -237,15 +243,8 @@ run_perftest() {
     dir="$(round_dir "$dev" "$round")"
     local log="$dir/perftest.log"
     mkdir -p "$dir"
-    STEP_STATUS=0
-    local bound
-    if step_bound; then
-        STEP_BOUNDED=$bound
-        RPC_VM_OUT="$dir" timeout -k 10 "$bound" "$VM_SCRIPTS_DIR/perftest.sh" "$dev" >"$log" 2>&1 </dev/null || STEP_STATUS=$?
-    else
-        echo "not run: the VM's time budget was spent" >"$log"
-        STEP_STATUS=$NO_TIME
-    fi
+    # Not run_step: a perftest that fails is reported, not retried or counted as a failure.
+    bounded "$log" env RPC_VM_OUT="$dir" "$VM_SCRIPTS_DIR/perftest.sh" "$dev"
     record "$dev" perftest "perftest@$round" "$STEP_STATUS" - - "$(grep -a '^PERFTEST' "$log" || echo 'no PERFTEST line')"
     echo "[$dev] round $round: perftest: $(status_word "$STEP_STATUS"): $(grep -a '^PERFTEST' "$log" || tail -n 3 "$log")"
 }
@@ -561,12 +560,17 @@ instructions_line() {
     echo "  user-space instructions per 32 B echo call (callgrind, event-driven; scripts/vm/verbs-instructions.sh):"
     if [[ "$detail" == VERBS-INSTRUCTIONS* ]]; then
         # dev=D client=N server=N client_lines=N server_lines=N client_layers=L server_layers=L
-        # client_path=N server_path=N client_path_layers=L server_path_layers=L
-        read -r _ _ c s cl sl clay slay cp sp cpl spl _ <<<"$detail"
+        # client_path=N server_path=N client_path_layers=L server_path_layers=L secs=A,B,C,D,E
+        read -r _ _ c s cl sl clay slay cp sp cpl spl secs _ <<<"$detail"
         printf '    client %s (%s code lines), server %s (%s code lines)\n' "${c#*=}" "${cl#*=}" "${s#*=}" "${sl#*=}"
         printf '    by layer, client / server (scripts/layers.py): %s\n' "$(layers_pairs "${clay#*=}" "${slay#*=}")"
         printf '    of which from a message'"'"'s arrival to the next doorbell: client %s, server %s\n' "${cp#*=}" "${sp#*=}"
         printf '      by layer, client / server: %s\n' "$(layers_pairs "${cpl#*=}" "${spl#*=}")"
+        if [[ "$secs" == secs=* ]]; then
+            IFS=, read -r a b c2 d e <<<"${secs#*=}"
+            printf '    took %s s: the two counted runs %s + %s s, their scripts %s s, the split run %s s, its script %s s\n' \
+                "$((a + b + c2 + d + e))" "$a" "$b" "$c2" "$d" "$e"
+        fi
     else
         printf '    %s\n' "${detail:-NOT RUN}"
     fi

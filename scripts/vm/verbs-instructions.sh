@@ -28,11 +28,12 @@
 # client's from an answer to the next request), and that stretch split by layer.
 #
 # Prints one line:
-#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N client_layers=L server_layers=L client_path=N server_path=N client_path_layers=L server_path_layers=L
+#   VERBS-INSTRUCTIONS dev=DEV client=N server=N client_lines=N server_lines=N client_layers=L server_layers=L client_path=N server_path=N client_path_layers=L server_path_layers=L secs=A,B,C,D,E
 # (lines: the 64-byte lines of code run at least once per two calls, scripts/footprint.py; layers:
 # the same instructions split by layer, `rpc:N,transport:N,tokio:N,provider:N,libc:N,harness:N,other:N`,
 # scripts/layers.py; path, path_layers: the stretch above and its split by layer, the mean over
-# its round trips; n/a without python3). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
+# its round trips; n/a without python3; secs: the seconds the N1 run, the N2 run, the scripts on
+# their profiles, the split run and the script on its parts took). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
 set -euo pipefail
 
 BIN="${1:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]}"
@@ -93,8 +94,13 @@ profile() {
 
 total() { sed -n 's/^summary: //p' "$1"; }
 
+# How long each part took (the line's last field): the count's time doubled between two CI runs
+# of nearly the same code, and the suite's step only showed the total.
+t0=$SECONDS
 run "$n1"
+t1=$SECONDS
 run "$n2"
+t2=$SECONDS
 out="VERBS-INSTRUCTIONS dev=$DEV"
 for role in client server; do
     a="$(profile "$n1" "$role")"
@@ -116,6 +122,8 @@ each_role() {
 }
 each_role footprint.py lines
 each_role layers.py layers
+t3=$SECONDS
+t4=$t3
 paths=()
 if command -v python3 >/dev/null 2>&1; then
     mkdir -p "$work/cp"
@@ -127,6 +135,7 @@ if command -v python3 >/dev/null 2>&1; then
         echo "verbs-instructions.sh: the split callgrind run on $DEV failed" >&2
         exit 1
     fi
+    t4=$SECONDS
     # "  client  <what>  N   then -> the next arrival  M   (K round trips)   by layer L" (read from
     # a here-string: the VM's init has no /dev/fd for a process substitution)
     stretches="$(python3 "$SCRIPTS/critical_path.py" "$work/cp" --send write --by-layer)"
@@ -140,4 +149,4 @@ for key in client_path server_path client_path_layers server_path_layers; do
     for p in "${paths[@]}"; do [[ "$p" == "$key="* ]] && path="$p"; done
     out+=" $path"
 done
-echo "$out"
+echo "$out secs=$((t1 - t0)),$((t2 - t1)),$((t3 - t2)),$((t4 - t3)),$((SECONDS - t4))"

@@ -431,17 +431,25 @@ impl InlineStalls {
         InlineStalls { after, count: 0, warned: None }
     }
 
-    /// A handler polled in the driver from `started` on has given it back: reads the clock
-    /// (user code ran: `clock`'s reading is stale; it takes this one) and reports a stall if the
-    /// handler held the driver too long. Off, only forgets `clock`'s reading.
+    /// When a handler about to be polled in the driver starts holding it: the reading this
+    /// wake-up's events were stamped with, or the one taken after the last handler. `None`
+    /// when the check is off, which reads no clock.
+    fn start(&self, clock: &mut driver::Clock) -> Option<tokio::time::Instant> {
+        self.after.map(|_| clock.now())
+    }
+
+    /// A handler polled in the driver from `started` on ([`InlineStalls::start`]) has given it
+    /// back: reads the clock (user code ran: `clock`'s reading is stale; it takes this one) and
+    /// reports a stall if the handler held the driver too long. Off, only forgets `clock`'s
+    /// reading.
     fn check(
         &mut self,
-        started: tokio::time::Instant,
+        started: Option<tokio::time::Instant>,
         clock: &mut driver::Clock,
         call: &CallReport,
         names: &MethodTable,
     ) {
-        let Some(after) = self.after else {
+        let (Some(after), Some(started)) = (self.after, started) else {
             clock.reset();
             return;
         };
@@ -462,9 +470,9 @@ impl InlineStalls {
             parent: &call.span,
             held_us = u64::try_from(held.as_micros()).unwrap_or(u64::MAX),
             stalls = self.count,
-            "a handler polled in the connection's driver held it for {held:?} (limit {after:?}): the \
-             connection's other calls waited; do not mark {} `#[rpc(inline)]`, or run the server \
-             with `InlineHandlers::Never`",
+            "a handler polled in the connection's driver held it for {held:?} (limit {after:?}; wall \
+             clock, time off the CPU included): the connection's other calls waited; if this recurs, \
+             do not mark {} `#[rpc(inline)]`, or run the server with `InlineHandlers::Never`",
             method.name,
         );
     }
@@ -690,9 +698,8 @@ impl ServerDriver {
             }
         };
         if here {
-            // When it started holding the driver, for the stall check (the reading this
-            // wake-up's events were stamped with, or the one taken after the last handler).
-            let started = self.scratch.clock.now();
+            // When it started holding the driver, for the stall check.
+            let started = self.stalls.start(&mut self.scratch.clock);
             // The first poll, here, under the call's span (the context and pool are set by the
             // future itself). A waker that does nothing: if the handler waits, the task it moves
             // to polls it again at once and registers its own waker.
@@ -1128,28 +1135,30 @@ mod tests {
             started
         };
 
+        assert_eq!(stalls.start(&mut clock), Some(tokio::time::Instant::now()), "on, the start is stamped");
+
         // Under the limit: not a stall; the clock's reading is the one the check took.
         let started = hold(Duration::from_micros(999)).await;
-        stalls.check(started, &mut clock, &call(started), &names);
+        stalls.check(Some(started), &mut clock, &call(started), &names);
         assert_eq!((stalls.count, stalls.warned), (0, None));
         assert_eq!(clock.now(), tokio::time::Instant::now(), "the check's reading is kept");
 
         // At the limit: a stall, warned.
         let started = hold(Duration::from_millis(1)).await;
-        stalls.check(started, &mut clock, &call(started), &names);
+        stalls.check(Some(started), &mut clock, &call(started), &names);
         let first_warning = tokio::time::Instant::now();
         assert_eq!((stalls.count, stalls.warned), (1, Some(first_warning)));
 
         // Another within 10 s: counted, not warned again.
         tokio::time::advance(Duration::from_secs(5)).await;
         let started = hold(Duration::from_millis(3)).await;
-        stalls.check(started, &mut clock, &call(started), &names);
+        stalls.check(Some(started), &mut clock, &call(started), &names);
         assert_eq!((stalls.count, stalls.warned), (2, Some(first_warning)));
 
         // 10 s after the last warning: warned again.
         tokio::time::advance(Duration::from_secs(5)).await;
         let started = hold(Duration::from_millis(2)).await;
-        stalls.check(started, &mut clock, &call(started), &names);
+        stalls.check(Some(started), &mut clock, &call(started), &names);
         assert_eq!((stalls.count, stalls.warned), (3, Some(tokio::time::Instant::now())));
     }
 
@@ -1157,9 +1166,11 @@ mod tests {
     async fn with_the_check_off_nothing_counts_and_the_clock_reading_is_forgotten() {
         let (names, mut clock) = (table(), driver::Clock::default());
         let mut stalls = InlineStalls::new(None);
-        let started = clock.now();
+        let stale = clock.now();
+        let started = stalls.start(&mut clock);
+        assert_eq!(started, None, "off, the start is not stamped");
         tokio::time::advance(Duration::from_secs(1)).await;
-        stalls.check(started, &mut clock, &call(started), &names);
+        stalls.check(started, &mut clock, &call(stale), &names);
         assert_eq!((stalls.count, stalls.warned), (0, None));
         assert_eq!(clock.now(), tokio::time::Instant::now(), "a fresh reading, not the stale one");
     }
