@@ -4,9 +4,14 @@
 # the VM (e.g. `scripts/vm/run.sh -- scripts/vm/verbs-instructions.sh target/release/rpc-bench rxe0`;
 # the rdma suite runs it per device, on its release build).
 #
-#   scripts/vm/verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]
+#   scripts/vm/verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM] [--keep DIR]
+#   scripts/vm/verbs-instructions.sh --report DIR
 #
 # SYSTEM: rpc-bench's --system (default rpc-core; raw-transport counts the transport alone).
+# With --keep DIR it only measures: the callgrind runs' profiles go to DIR and the python scripts
+# that read them are left to `--report DIR`, run where python is fast. Under TCG they took longer
+# than the runs themselves (243 of 535 s on rxe0, session 56; ~3 s on the host, 80-90x less), so
+# the rdma suite keeps the profiles in its directory and its summary, on the host, reports them.
 #
 # Wall-clock figures under TCG move by up to 4x between runs (the suite's rounds); these move by
 # ~1.5% (how many wake-ups find the next completion already there): callgrind counts the
@@ -33,13 +38,104 @@
 # the same instructions split by layer, `rpc:N,transport:N,tokio:N,provider:N,libc:N,harness:N,other:N`,
 # scripts/layers.py; path, path_layers: the stretch above and its split by layer, the mean over
 # its round trips; n/a without python3; secs: the seconds the N1 run, the N2 run, the scripts on
-# their profiles, the split run and the script on its parts took). Without valgrind it says so loudly and exits 0; a run that fails exits non-zero.
+# their profiles, the split run and the script on its parts took; with --keep, the scripts' are
+# the report's, and `copied=K` the seconds the copy to DIR took). Without valgrind it says so
+# loudly and exits 0; a run (or a script) that fails exits non-zero. With --keep it prints
+# `VERBS-INSTRUCTIONS-KEPT dev=DEV client=N server=N dir=DIR` instead.
 set -euo pipefail
 
-BIN="${1:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]}"
-DEV="${2:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM]}"
-calls="${3:-1000,3000}"
-SYSTEM="${4:-rpc-core}"
+SCRIPTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# profile DIR N ROLE: the profile of ROLE (client: the process that ran `run`; server: its child,
+# which runs `server`) in DIR's run of N calls.
+profile() {
+    local f role
+    for f in "$1/$2"-*.out; do
+        role=client
+        grep -q '^cmd: .* server ' "$f" && role=server
+        if [[ "$role" == "$3" ]]; then
+            echo "$f"
+            return 0
+        fi
+    done
+    echo "verbs-instructions.sh: no $3 profile from the run of $2 calls in $1" >&2
+    return 1
+}
+
+total() { sed -n 's/^summary: //p' "$1"; }
+
+# counts DIR N1 N2: " client=N server=N", each process's instructions per call from DIR's two runs.
+counts() {
+    local role a b out=""
+    for role in client server; do
+        a="$(profile "$1" "$2" "$role")" || return 1
+        b="$(profile "$1" "$3" "$role")" || return 1
+        out+=" $role=$(( ($(total "$b") - $(total "$a")) / ($3 - $2) ))"
+    done
+    echo "$out"
+}
+
+# report DIR: the VERBS-INSTRUCTIONS line from the profiles in DIR (its `meta`: dev, n1, n2, the
+# runs' seconds and, if they were kept, the copy's; `N-PID.out` per run; the split run's parts in
+# `cp/`, if it ran). Needs python3 for all but the counts.
+report() {
+    local dir="$1" dev n1 n2 runs1 runs2 split copied="" t0 t1 t2 role value out stretches p path key
+    # shellcheck source=/dev/null
+    source "$dir/meta" # dev= n1= n2= runs1= runs2= split= [copied=]
+    out="VERBS-INSTRUCTIONS dev=$dev$(counts "$dir" "$n1" "$n2")"
+    t0=$SECONDS
+    # " client_FIELD=C server_FIELD=S", C and S what scripts/SCRIPT prints for that process's two
+    # profiles (n/a without python3). Not in a command substitution: a failing script stops this one.
+    for script in footprint.py:lines layers.py:layers; do
+        for role in client server; do
+            value=n/a
+            if command -v python3 >/dev/null 2>&1; then
+                value="$(python3 "$SCRIPTS/${script%:*}" "$(profile "$dir" "$n1" "$role")" \
+                    "$(profile "$dir" "$n2" "$role")" $((n2 - n1)))"
+            fi
+            out+=" ${role}_${script#*:}=$value"
+        done
+    done
+    t1=$SECONDS
+    local paths=()
+    if command -v python3 >/dev/null 2>&1 && [[ -d "$dir/cp" ]]; then
+        # "  client  <what>  N   then -> the next arrival  M   (K round trips)   by layer L" (read from
+        # a here-string: the VM's init has no /dev/fd for a process substitution)
+        stretches="$(python3 "$SCRIPTS/critical_path.py" "$dir/cp" --send write --by-layer)"
+        while read -r role rest; do
+            paths+=("${role}_path=$(awk '{ for (i = 1; i <= NF; i++) if ($i == "then") { print $(i - 1); exit } }' <<<"$rest")")
+            paths+=("${role}_path_layers=$(awk '{ print $NF }' <<<"$rest")")
+        done <<<"$stretches"
+    fi
+    t2=$SECONDS
+    for key in client_path server_path client_path_layers server_path_layers; do
+        path="$key=n/a"
+        for p in "${paths[@]}"; do [[ "$p" == "$key="* ]] && path="$p"; done
+        out+=" $path"
+    done
+    out+=" secs=$runs1,$runs2,$((t1 - t0)),$split,$((t2 - t1))"
+    [[ -n "$copied" ]] && out+=" copied=$copied"
+    echo "$out"
+}
+
+if [[ "${1:-}" == "--report" ]]; then
+    [[ -f "${2:?usage: verbs-instructions.sh --report DIR}/meta" ]] || { echo "verbs-instructions.sh: no $2/meta" >&2; exit 2; }
+    report "$2"
+    exit 0
+fi
+
+keep=""
+args=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --keep) keep="${2:?--keep takes a directory}"; shift 2 ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+BIN="${args[0]:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM] [--keep DIR]}"
+DEV="${args[1]:?usage: verbs-instructions.sh BIN DEV [N1,N2] [SYSTEM] [--keep DIR]}"
+calls="${args[2]:-1000,3000}"
+SYSTEM="${args[3]:-rpc-core}"
 n1="${calls%,*}"
 n2="${calls#*,}"
 if ! [[ "$n1" =~ ^[0-9]+$ && "$n2" =~ ^[0-9]+$ ]] || ((n2 <= n1)); then
@@ -51,7 +147,6 @@ SERVER_IP=10.0.2.15
 # defaults are 10 s and 5 s). The split run dumps a profile at every `epoll_wait` and `write`,
 # the set-up's too: on a slow boot its connect took over 10 s, twice in a row.
 SETUP_SECS=120
-SCRIPTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 if ! command -v valgrind >/dev/null 2>&1; then
     printf '\n!!! VERBS INSTRUCTION COUNTS DID NOT RUN: valgrind is missing (apt-get install valgrind). !!!\n'
@@ -59,6 +154,8 @@ if ! command -v valgrind >/dev/null 2>&1; then
 fi
 [[ -x "$BIN" ]] || { echo "verbs-instructions.sh: no executable $BIN" >&2; exit 2; }
 
+# The runs write to local storage (the VM's tmpfs), not to DIR: the split run writes a profile at
+# every cut.
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -76,56 +173,15 @@ run() {
     fi
 }
 
-# profile N ROLE: the profile of ROLE (client: the process that ran `run`; server: its child, which
-# runs `server`) in run N.
-profile() {
-    local f role
-    for f in "$work/$1"-*.out; do
-        role=client
-        grep -q '^cmd: .* server ' "$f" && role=server
-        if [[ "$role" == "$2" ]]; then
-            echo "$f"
-            return 0
-        fi
-    done
-    echo "verbs-instructions.sh: no $2 profile from the run of $1 calls" >&2
-    return 1
-}
-
-total() { sed -n 's/^summary: //p' "$1"; }
-
-# How long each part took (the line's last field): the count's time doubled between two CI runs
-# of nearly the same code, and the suite's step only showed the total.
+# How long each part took (the line's secs): the count's time doubled between two CI runs of
+# nearly the same code, and the suite's step only showed the total.
 t0=$SECONDS
 run "$n1"
 t1=$SECONDS
 run "$n2"
 t2=$SECONDS
-out="VERBS-INSTRUCTIONS dev=$DEV"
-for role in client server; do
-    a="$(profile "$n1" "$role")"
-    b="$(profile "$n2" "$role")"
-    out+=" $role=$(( ($(total "$b") - $(total "$a")) / (n2 - n1) ))"
-done
-# each_role SCRIPT FIELD: appends " client_FIELD=C server_FIELD=S" to $out, C and S what
-# scripts/SCRIPT prints for that process's two profiles (n/a without python3). It runs in this
-# shell, not in a command substitution, so that a failing script stops this one (set -e).
-each_role() {
-    local role value
-    for role in client server; do
-        value=n/a
-        if command -v python3 >/dev/null 2>&1; then
-            value="$(python3 "$SCRIPTS/$1" "$(profile "$n1" "$role")" "$(profile "$n2" "$role")" $((n2 - n1)))"
-        fi
-        out+=" ${role}_$2=$value"
-    done
-}
-each_role footprint.py lines
-each_role layers.py layers
-t3=$SECONDS
-t4=$t3
-paths=()
-if command -v python3 >/dev/null 2>&1; then
+# The split run: only if its parts will be read (python3 here, or the profiles kept).
+if [[ -n "$keep" ]] || command -v python3 >/dev/null 2>&1; then
     mkdir -p "$work/cp"
     if ! RPC_RDMA_DEVICE="$DEV" valgrind --tool=callgrind --dump-instr=yes --trace-children=yes --dump-after=epoll_wait \
         --dump-before=write --callgrind-out-file="$work/cp/cp-%p.out" "$BIN" run --system "$SYSTEM" --listen "rdma://$SERVER_IP:0" \
@@ -135,18 +191,16 @@ if command -v python3 >/dev/null 2>&1; then
         echo "verbs-instructions.sh: the split callgrind run on $DEV failed" >&2
         exit 1
     fi
-    t4=$SECONDS
-    # "  client  <what>  N   then -> the next arrival  M   (K round trips)   by layer L" (read from
-    # a here-string: the VM's init has no /dev/fd for a process substitution)
-    stretches="$(python3 "$SCRIPTS/critical_path.py" "$work/cp" --send write --by-layer)"
-    while read -r role rest; do
-        paths+=("${role}_path=$(awk '{ for (i = 1; i <= NF; i++) if ($i == "then") { print $(i - 1); exit } }' <<<"$rest")")
-        paths+=("${role}_path_layers=$(awk '{ print $NF }' <<<"$rest")")
-    done <<<"$stretches"
 fi
-for key in client_path server_path client_path_layers server_path_layers; do
-    path="$key=n/a"
-    for p in "${paths[@]}"; do [[ "$p" == "$key="* ]] && path="$p"; done
-    out+=" $path"
-done
-echo "$out secs=$((t1 - t0)),$((t2 - t1)),$((t3 - t2)),$((t4 - t3)),$((SECONDS - t4))"
+t3=$SECONDS
+meta="dev=$DEV n1=$n1 n2=$n2 runs1=$((t1 - t0)) runs2=$((t2 - t1)) split=$((t3 - t2))"
+if [[ -z "$keep" ]]; then
+    echo "$meta" >"$work/meta"
+    report "$work"
+    exit 0
+fi
+mkdir -p "$keep"
+cp "$work/$n1"-*.out "$work/$n2"-*.out "$keep/"
+[[ -d "$work/cp" ]] && cp -r "$work/cp" "$keep/"
+echo "$meta copied=$((SECONDS - t3))" >"$keep/meta"
+echo "VERBS-INSTRUCTIONS-KEPT dev=$DEV$(counts "$keep" "$n1" "$n2") dir=$keep"
