@@ -6,7 +6,8 @@ use bytes::Bytes;
 
 /// What the benchmark server answers. Every handler answers at once (no `.await`, a download a
 /// slice of one shared buffer): each method is marked `#[rpc(inline)]`, so with `ServerConfig`'s
-/// default the server polls its handlers in the connection's driver.
+/// default the server polls their handlers in the connection's driver (for small calls: one
+/// whose request or recent answers go over the eager threshold runs in a task).
 #[rpc_core::service]
 pub trait Bench {
     /// Returns its argument (echo).

@@ -37,8 +37,10 @@ pub struct MethodDesc {
     /// first poll is answered at once: no task, channel or extra wake-up (a small call's
     /// instructions over tcp ~16.8k -> ~13.7k, see BENCHMARKS.md). One that waits moves to a task
     /// and carries on there. The cost: whatever it computes before its first `.await` stalls its
-    /// whole connection that long (its other calls, its keepalive answers). `false` for methods
-    /// not marked.
+    /// whole connection that long (its other calls, its keepalive answers). Only small calls
+    /// are polled there: a request over the eager limit, or a call of a method whose answers
+    /// lately went over it, runs in a task (its copies would stall the connection). `false` for
+    /// methods not marked.
     ///
     /// [`ServerConfig::inline_handlers`]: crate::ServerConfig::inline_handlers
     pub inline: bool,

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use common::{eventually, Kind};
 use rpc_core::{
     CallError, Client, ClientConfig, ConnStats, InlineHandlers, Server, ServerConfig, WireErrorCode,
@@ -37,6 +38,9 @@ pub trait Probe {
     /// handler that computes for long does to the driver it runs in).
     #[rpc(inline)]
     async fn marked_blocks(&self, millis: u64) -> u64;
+    /// Marked to run inline: answers `len` bytes, whatever its request's size.
+    #[rpc(inline)]
+    async fn marked_sized(&self, data: Bytes, len: u64) -> Bytes;
 }
 
 struct ProbeImpl;
@@ -74,6 +78,9 @@ impl Probe for ProbeImpl {
     async fn marked_blocks(&self, millis: u64) -> u64 {
         std::thread::sleep(Duration::from_millis(millis));
         millis
+    }
+    async fn marked_sized(&self, _data: Bytes, len: u64) -> Bytes {
+        Bytes::from(vec![7u8; len as usize])
     }
 }
 
@@ -224,6 +231,37 @@ over_all_transports! {
         assert_eq!(s.client.marked_blocks(100).await.unwrap(), 100);
         let stats = stats_after(&s.server, 1).await;
         assert_eq!((stats.handlers_inline, stats.inline_stalls), (1, 0), "{stats:?}");
+        s.server.shutdown().await;
+    }
+
+    async fn only_small_calls_of_a_marked_method_run_in_the_driver(kind: Kind) {
+        let s = setup(kind, false).await;
+        let (small, large) = (Bytes::from_static(&[1; 32]), Bytes::from(vec![2u8; 4 * common::THRESHOLD]));
+        let big_answer = 16 * common::THRESHOLD as u64;
+        let counts = |stats: ConnStats| (stats.handlers_inline, stats.handlers_spawned);
+        // A small request whose method has had no answer yet: in the driver.
+        assert_eq!(s.client.marked_sized(small.clone(), 32).await.unwrap().len(), 32);
+        // A request over the eager limit (it came by rendezvous): in a task.
+        assert_eq!(s.client.marked_sized(large.clone(), 32).await.unwrap(), vec![7u8; 32]);
+        assert_eq!(counts(stats_after(&s.server, 2).await), (1, 1));
+        // A small request whose answer goes over it: in the driver (its size was not known)...
+        let answer = s.client.marked_sized(small.clone(), big_answer).await.unwrap();
+        assert_eq!(answer.len() as u64, big_answer);
+        assert_eq!(counts(stats_after(&s.server, 3).await), (2, 1));
+        // ...then the method's calls run in tasks until its small answers bring its estimate
+        // back under the limit (a quarter of the gap each: ten here), then in the driver again.
+        for _ in 0..9 {
+            assert_eq!(s.client.marked_sized(small.clone(), 32).await.unwrap().len(), 32);
+        }
+        let (inline, spawned) = counts(stats_after(&s.server, 12).await);
+        assert_eq!((inline, spawned), (2, 10), "the calls after a large answer run in tasks");
+        for _ in 0..10 {
+            assert_eq!(s.client.marked_sized(small.clone(), 32).await.unwrap().len(), 32);
+        }
+        assert_eq!(counts(stats_after(&s.server, 22).await), (11, 11), "small again, in the driver again");
+        // Another marked method was never affected (one estimate per method).
+        assert_eq!(s.client.marked_quick(1).await.unwrap(), 2);
+        assert_eq!(counts(stats_after(&s.server, 23).await), (12, 11));
         s.server.shutdown().await;
     }
 

@@ -183,7 +183,11 @@ pub struct ServerConfig {
     /// Default [`InlineHandlers::Marked`]: those of methods marked `#[rpc(inline)]` in the
     /// `#[service]` trait ([`MethodDesc::inline`](crate::MethodDesc::inline)); every other
     /// handler runs in a task of its own, as in tarpc and tonic (one of the connection's handler
-    /// tasks, kept from one handler to the next, so none is allocated per call). A handler polled
+    /// tasks, kept from one handler to the next, so none is allocated per call). Whichever the
+    /// setting, only small calls are polled in the driver: one whose request came by rendezvous
+    /// (over [`ProtoConfig::eager_threshold`]), or whose method's answers lately did, runs in a
+    /// task, since copying its payload in the driver would stall the connection (a 16 MiB echo
+    /// held it ~3.8 ms); a method's first call on a connection counts as small. A handler polled
     /// in the driver that finishes without waiting (most small ones) is answered at once: no
     /// task, no channel, no extra wake-up (a 32 B call over tcp ~16.8k -> ~13.7k instructions,
     /// see BENCHMARKS.md); one that waits is moved to a task and carries on there. The cost: a
