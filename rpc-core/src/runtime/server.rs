@@ -577,9 +577,9 @@ impl ServerDriver {
     fn start_handlers(&mut self, cx: &mut Context<'_>) -> bool {
         let mut started = false;
         while let Some(next) = self.waiting.front() {
-            let Some(permit) = self.admit(next.call_id, next.method, cx) else { break };
+            let Some((permit, answer)) = self.admit(next.call_id, next.method, cx) else { break };
             let Some(req) = self.waiting.pop_front() else { break };
-            self.start_handler(req, permit);
+            self.start_handler(req, permit, answer);
             started = true;
         }
         if self.waiting.is_empty() {
@@ -592,20 +592,22 @@ impl ServerDriver {
 
     /// The handler slot for the request `call_id` if its handler may start now: this
     /// connection's share, its rendezvous budget (released by the client's done reports, frames
-    /// that wake this driver, and by finishing handlers) and a server-wide slot allow it.
+    /// that wake this driver, and by finishing handlers) and a server-wide slot allow it. With
+    /// it, the answer expected of its method ([`ResponseEstimates::estimate`]).
     fn admit(
         &mut self,
         call_id: u64,
         method: MethodId,
         cx: &mut Context<'_>,
-    ) -> Option<OwnedSemaphorePermit> {
+    ) -> Option<(OwnedSemaphorePermit, u64)> {
         if self.handlers.len() >= self.max_handlers {
             return None;
         }
-        if !self.proto.try_start_handler(call_id, self.estimates.estimate(method)) {
+        let answer = self.estimates.estimate(method);
+        if !self.proto.try_start_handler(call_id, answer) {
             return None;
         }
-        self.take_slot(cx)
+        Some((self.take_slot(cx)?, answer))
     }
 
     /// A server-wide handler slot, at once or when this connection's turn comes.
@@ -640,14 +642,14 @@ impl ServerDriver {
     /// Starts one handler: polled once here when [`ServerConfig::inline_handlers`] says so for
     /// its method (answered at once if it finishes), else (or if it waits) handed to one of the
     /// connection's handler tasks, which sends its result back (`handler_tasks`).
-    fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit) {
+    fn start_handler(&mut self, req: Waiting, permit: OwnedSemaphorePermit, answer: u64) {
         let Waiting { call_id, method, payload, path, metadata, arrived, timeout } = req;
         let name = self.names.index(method);
         // Its name, and whether its handler is polled here first: `ServerConfig::inline_handlers`
         // says so for its method, and the call is small (`runs_here`).
         let (method_name, here) = {
             let m = self.names.get(name);
-            (m.name, m.inline && self.runs_here(method, path))
+            (m.name, m.inline && self.runs_here(path, answer))
         };
         let span = tracing::debug_span!(
             "call",
@@ -737,16 +739,15 @@ impl ServerDriver {
     }
 
     /// Whether a call of a method whose handlers may be polled here is small enough to be: its
-    /// request came eagerly, and its method's answers lately did too (or it has had none on this
-    /// connection yet). A large request or answer is copied in the handler's poll (decoded from
+    /// `request` came eagerly, and its method's answers lately did too (`answer`, the method's
+    /// estimate; `u64::MAX` if it has had none on this connection yet). A large request or answer is copied in the handler's poll (decoded from
     /// the region its bytes were read into, encoded into registered memory): a 16 MiB echo held
     /// the driver ~3.8 ms (`rpc-bench compare`), its other calls waiting. Such a call runs in a
     /// task, where its copies hold up no one; a task's start costs microseconds, the copies of a
     /// payload over the eager limit more. The estimate decays by a quarter of its gap per
     /// smaller answer (under the default 8 KiB eager limit, eight answers of a few bytes after
     /// one of 64 KiB).
-    fn runs_here(&self, method: MethodId, request: Path) -> bool {
-        let answer = self.estimates.estimate(method);
+    fn runs_here(&self, request: Path, answer: u64) -> bool {
         request == Path::Eager && (answer == u64::MAX || answer <= self.proto.eager_limit() as u64)
     }
 
@@ -849,8 +850,8 @@ impl ServerDriver {
                     // Not through the queue when it is empty (a move of the request in and
                     // out of it).
                     if self.waiting.is_empty() {
-                        if let Some(permit) = self.admit(call_id, method, cx) {
-                            self.start_handler(req, permit);
+                        if let Some((permit, answer)) = self.admit(call_id, method, cx) {
+                            self.start_handler(req, permit, answer);
                             started = true;
                             continue;
                         }
