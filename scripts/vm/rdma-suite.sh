@@ -6,8 +6,8 @@
 #
 #  1. scripts/vm/setup.sh (idempotent: packages incl. cmake/clang/rdma-core, kernel, siw.ko, initramfs);
 #  2. on the host: `cargo test --no-run` with the rdma features for the test binaries rdma_seam,
-#     rdma_memlock (rpc-transport), e2e_calls, e2e_failures, e2e_limits, e2e_pool, e2e_caller_drives
-#     (rpc-core), and
+#     rdma_memlock (rpc-transport), e2e_calls, e2e_failures, e2e_limits, e2e_pool, e2e_caller_drives,
+#     e2e_inline, e2e_errors (rpc-core: every test file with verbs variants), and
 #     `cargo build --release` of the kv example and rpc-bench with the rdma features;
 #  3. in the VM, for rxe0 and then siw0 (rxe0 is deleted first: rdma_cm binds 10.0.2.15 to the first
 #     device on that address), with RPC_RDMA_DEVICE=<dev> RPC_RDMA_TEST_ADDR=10.0.2.15:
@@ -63,7 +63,7 @@ DEVICES=(rxe0 siw0)
 GUEST_IP=10.0.2.15
 # package:test-target, in the order they run.
 TEST_TARGETS=(rpc-transport:rdma_seam rpc-transport:rdma_memlock rpc-core:e2e_calls rpc-core:e2e_failures rpc-core:e2e_limits
-    rpc-core:e2e_pool rpc-core:e2e_caller_drives)
+    rpc-core:e2e_pool rpc-core:e2e_caller_drives rpc-core:e2e_inline rpc-core:e2e_errors)
 CARGO_FEATURES=(--features "rpc-core/rdma rpc-transport/rdma")
 RELEASE_FEATURES=(--features "examples/rdma benches/rdma")
 
