@@ -583,14 +583,11 @@ instructions_line() {
         printf '    by layer, client / server (scripts/layers.py): %s\n' "$(layers_pairs "${clay#*=}" "${slay#*=}")"
         printf '    of which from a message'"'"'s arrival to the next doorbell: client %s, server %s\n' "${cp#*=}" "${sp#*=}"
         printf '      by layer, client / server: %s\n' "$(layers_pairs "${cpl#*=}" "${spl#*=}")"
+        # (The suite always keeps the profiles, so its line has both.)
         if [[ "$secs" == secs=* && "$copied" == copied=* ]]; then
             IFS=, read -r a b c2 d e <<<"${secs#*=}"
             printf '    took %s s in the VM: the two counted runs %s + %s s, the split run %s s, copying the profiles out %s s; then %s s here: the scripts on the counted runs %s s, on the split run %s s\n' \
                 "$((a + b + d + ${copied#*=}))" "$a" "$b" "$d" "${copied#*=}" "$((c2 + e))" "$c2" "$e"
-        elif [[ "$secs" == secs=* ]]; then
-            IFS=, read -r a b c2 d e <<<"${secs#*=}"
-            printf '    took %s s: the two counted runs %s + %s s, their scripts %s s, the split run %s s, its script %s s\n' \
-                "$((a + b + c2 + d + e))" "$a" "$b" "$c2" "$d" "$e"
         fi
     else
         printf '    %s\n' "${detail:-NOT RUN}"
