@@ -211,12 +211,31 @@ async fn clear_turns_every_knob_off() {
     plan.fail_next_completions(5);
     plan.fail_reads(true);
     plan.corrupt_next_frames(5);
+    plan.set_send_stall(Duration::from_secs(3600));
     plan.clear();
     let region = server.register(Bytes::from_static(b"ok")).unwrap();
     send_ok(&mut *client, 1, b"clean").await;
     assert_eq!(recv(&mut *server).await, b"clean");
     client.post_read(2, region, vec![0; 2].into()).unwrap();
     assert_eq!(read_done(&mut *client).await, (2, Ok(b"ok".to_vec())));
+}
+
+#[tokio::test]
+async fn a_send_stall_blocks_the_posting_thread_inside_the_post_then_delivers() {
+    let (mut client, mut server, fabric, name) = mem_pair(ConnParams::default(), ConnParams::default()).await;
+    let plan = fabric.faults(&name);
+    plan.set_send_stall(Duration::from_millis(50));
+    let posted = Instant::now();
+    client.post_send(1, Bytes::from_static(b"slow").into()).unwrap();
+    let held = posted.elapsed();
+    assert!(held >= Duration::from_millis(50), "the post itself took {held:?}");
+    let (id, result) = send_done(&mut *client).await;
+    assert_eq!(id, 1);
+    result.expect("send completion");
+    assert_eq!(recv(&mut *server).await, b"slow", "delivered intact after the stall");
+    plan.set_send_stall(Duration::ZERO);
+    send_ok(&mut *client, 2, b"quick").await;
+    assert_eq!(recv(&mut *server).await, b"quick");
 }
 
 #[tokio::test]

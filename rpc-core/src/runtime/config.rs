@@ -208,12 +208,15 @@ pub struct ServerConfig {
     /// the call's span (at most one per connection every 10 s, with the count so far): its
     /// method should not be marked `#[rpc(inline)]`, or the server should run with
     /// [`InlineHandlers::Never`]. The measure is one reading of the clock per handler polled in
-    /// the driver, once its answer is out (~25 ns where the clock is read in user space);
-    /// `None` turns it off, and the reading with it. It is wall-clock time: a handler whose
-    /// thread the kernel took off its CPU meanwhile counts that time too. On an overloaded host
-    /// (`rpc-bench compare`, client and server on one vCPU) a 32 B echo was reported about once
-    /// per 100,000 calls, held 1.1-1.2 ms; a method reported that rarely was descheduled, one
-    /// reported again and again holds the driver.
+    /// the driver, once its answer is made and before it is sent (~25 ns where the clock is
+    /// read in user space): the send is not the handler's doing, and one that wakes a peer on
+    /// the same CPU can hand that CPU to the peer for as long as it runs. `None` turns it off,
+    /// and the reading with it. It is wall-clock time: a handler whose thread the kernel took
+    /// off its CPU meanwhile counts that time too. With client and server on one vCPU (`rpc-bench
+    /// run --client-cpu 0 --server-cpu 0`) and a 100 us limit, a 32 B echo's handler was
+    /// reported 5-10 times in 5 s (about 250,000 calls; 250-340 times when the measure took in
+    /// the answer's send); a method reported that rarely was descheduled, one reported again
+    /// and again holds the driver.
     pub inline_stall: Option<Duration>,
     /// Where connection timers wait: see [`ClientConfig::timer_thread`]. Default `true`.
     pub timer_thread: bool,

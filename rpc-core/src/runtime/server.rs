@@ -712,14 +712,17 @@ impl ServerDriver {
                 self.ended_here(permit);
                 self.handlers_inline += 1;
                 let answered = self.answer(call_id, handler_answer(caught));
+                // The handler held the driver until here, its answer made. User code ran: the
+                // driver's reading of the clock is stale, and the stall check reads it again.
+                // Not after the post below: a send that wakes the peer on this CPU may hand the
+                // CPU over until the peer is done (over tcp on one vCPU, about one call in a
+                // thousand was held 100 us or more that way), which is not the handler's doing.
+                self.stalls.check(started, &mut self.scratch.clock, &call, &self.names);
                 // The last answer of the round goes out now, with the round's others (see
                 // `post_answers`); what is left of the call is done after it, off the way from
                 // the request to its answer: its end is the time of its report, once the answer
-                // is handed to the transport (or queued behind others of the round). User code
-                // ran: the driver's reading of the clock is stale (the stall check reads it
-                // again, after the answer).
+                // is handed to the transport (or queued behind others of the round).
                 self.post_answers();
-                self.stalls.check(started, &mut self.scratch.clock, &call, &self.names);
                 // The box, context and pool are kept for the next handler (the box holds
                 // nothing of this one any more).
                 self.boxes.give_back(fut);

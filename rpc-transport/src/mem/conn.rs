@@ -96,6 +96,7 @@ impl MemConnection {
         if msg.len() > max {
             return Err(TransportError::MessageTooLarge { len: msg.len(), max });
         }
+        self.plan.stall_send();
         if self.plan.completion_delay().is_zero() && self.delay.is_idle() && !self.plan.black_holed() {
             // Delivered and completed here, in order (nothing is delayed before it): the SEND
             // is never pending, so nothing is recorded.

@@ -21,6 +21,7 @@ pub struct FaultPlan {
     fail_reads: AtomicBool,
     corrupt_next: AtomicU64,
     black_hole: AtomicBool,
+    send_stall_nanos: AtomicU64,
     /// Both ends of every connection made under this name, to kill them.
     links: Mutex<Vec<(Weak<Soft>, Weak<Soft>)>>,
 }
@@ -94,10 +95,20 @@ impl FaultPlan {
         self.black_hole.store(on, Ordering::Relaxed);
     }
 
-    /// Turns every knob off (no delay, no failures, no corruption, no black hole). Does not
-    /// revive anything, nor deliver what the black hole swallowed.
+    /// Makes every SEND block the thread that posts it for `stall`, inside the post, before the
+    /// message is handed over: as a slow send system call does, or a thread the kernel takes off
+    /// its CPU there (a peer the send woke on the same CPU running first). For tests of what a
+    /// driver counts against the work it did before posting. `Duration::ZERO` turns it off.
+    pub fn set_send_stall(&self, stall: Duration) {
+        let nanos = u64::try_from(stall.as_nanos()).unwrap_or(u64::MAX);
+        self.send_stall_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    /// Turns every knob off (no delay, no failures, no corruption, no black hole, no send
+    /// stall). Does not revive anything, nor deliver what the black hole swallowed.
     pub fn clear(&self) {
         self.set_completion_delay(Duration::ZERO);
+        self.set_send_stall(Duration::ZERO);
         self.fail_next_completions(0);
         self.fail_reads(false);
         self.corrupt_next_frames(0);
@@ -110,6 +121,14 @@ impl FaultPlan {
 
     pub(crate) fn completion_delay(&self) -> Duration {
         Duration::from_nanos(self.delay_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Blocks this thread for the send stall, if one is set ([`FaultPlan::set_send_stall`]).
+    pub(crate) fn stall_send(&self) {
+        let nanos = self.send_stall_nanos.load(Ordering::Relaxed);
+        if nanos != 0 {
+            std::thread::sleep(Duration::from_nanos(nanos));
+        }
     }
 
     pub(crate) fn reads_fail(&self) -> bool {

@@ -8,8 +8,8 @@
 //! error and then closes the connection on both ends, as on verbs.
 //!
 //! Each listener name has a [`FaultPlan`] (see [`faults`]) that injects failures into its
-//! connections: kill them, delay completions, fail sends or READs, corrupt messages, or make
-//! them silently swallow everything (a black hole).
+//! connections: kill them, delay completions, fail sends or READs, corrupt messages, make
+//! them silently swallow everything (a black hole), or make every send block its thread.
 //!
 //! ```
 //! # use rpc_transport::{mem::MemFabric, ConnParams, Connection, Completion};
