@@ -354,24 +354,26 @@ async fn a_slow_send_of_the_answer_is_not_counted_against_its_handler() {
     tokio::time::timeout(common::LIMIT, async {
         let addr = Kind::Mem.bind_addr();
         let config =
-            ServerConfig::default().inline_stall(Some(Duration::from_millis(40))).proto(common::proto());
+            ServerConfig::default().inline_stall(Some(Duration::from_millis(100))).proto(common::proto());
         let server = Server::bind(&addr, config, ProbeServer::new(ProbeImpl)).await.expect("bind");
         let client = ProbeClient::new(
             Client::connect(&addr, ClientConfig::default().proto(common::proto())).await.expect("connect"),
         );
         assert_eq!(client.marked_quick(1).await.unwrap(), 2, "warm");
         let name = addr.trim_start_matches("mem://");
-        // Every SEND of the connection, the answers' included, now holds its thread 150 ms.
-        rpc_core::transport::mem::faults(name).set_send_stall(Duration::from_millis(150));
+        // Every SEND of the connection, the answers' included, now holds its thread 250 ms.
+        rpc_core::transport::mem::faults(name).set_send_stall(Duration::from_millis(250));
         for x in 0..3u64 {
             assert_eq!(client.marked_quick(x).await.unwrap(), x + 1);
         }
         // The control: a handler that holds the driver itself, as long, is one.
-        assert_eq!(client.marked_blocks(150).await.unwrap(), 150);
+        assert_eq!(client.marked_blocks(250).await.unwrap(), 250);
         rpc_core::transport::mem::faults(name).set_send_stall(Duration::ZERO);
         let stats = stats_after(&server, 5).await;
         assert_eq!(stats.handlers_inline, 5, "{stats:?}");
-        assert_eq!(stats.inline_stalls, 1, "only the handler that blocked: {stats:?}");
+        // The one that blocked; and at most one quick one that a loaded machine took off its
+        // CPU for 100 ms (with the answers' sends measured, all four count).
+        assert!((1..=2).contains(&stats.inline_stalls), "only the handler that blocked: {stats:?}");
         server.shutdown().await;
     })
     .await
