@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{eventually, Kind};
+use rpc_core::transport::Address;
 use rpc_core::{
     CallError, Client, ClientConfig, ConnStats, InlineHandlers, Server, ServerConfig, WireErrorCode,
 };
@@ -352,15 +353,10 @@ over_all_transports! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_send_of_the_answer_is_not_counted_against_its_handler() {
     tokio::time::timeout(common::LIMIT, async {
-        let addr = Kind::Mem.bind_addr();
-        let config =
-            ServerConfig::default().inline_stall(Some(Duration::from_millis(100))).proto(common::proto());
-        let server = Server::bind(&addr, config, ProbeServer::new(ProbeImpl)).await.expect("bind");
-        let client = ProbeClient::new(
-            Client::connect(&addr, ClientConfig::default().proto(common::proto())).await.expect("connect"),
-        );
+        let config = ServerConfig::default().inline_stall(Some(Duration::from_millis(100)));
+        let Setup { server, client } = setup_config(Kind::Mem, config).await;
         assert_eq!(client.marked_quick(1).await.unwrap(), 2, "warm");
-        let name = addr.trim_start_matches("mem://");
+        let Address::Mem(name) = server.local_addr() else { panic!("a mem server") };
         // Every SEND of the connection, the answers' included, now holds its thread 250 ms.
         rpc_core::transport::mem::faults(name).set_send_stall(Duration::from_millis(250));
         for x in 0..3u64 {
