@@ -2,7 +2,7 @@
 """The instructions each side of a round trip runs from a message's arrival to the message it
 sends next, from callgrind profiles split at the system calls that mark the two.
 
-    scripts/critical_path.py DIR [--arrival FN] [--send FN] [--by-layer]
+    scripts/critical_path.py DIR [--arrival FN] [--send FN] [--by-layer] [--by-function N]
 
 DIR holds the profiles of one `rpc-bench run` (its server a child process) run under
 `valgrind --tool=callgrind --trace-children=yes --dump-after=FN_A --dump-before=FN_S
@@ -27,7 +27,10 @@ by layer, as scripts/layers.py splits a whole call (rpc, transport, tokio, provi
 harness, other): the mean over the last 64 of the same round trips, which repeat to within a few
 instructions, so the layers add up to about the median. This is the split that decides a round
 trip when each side has a CPU of its own: the RPC layers' share of it is what a leaner
-small-call path cuts.
+small-call path cuts. With --by-function N (also from profiles made with --dump-instr=yes), the N
+functions of each side's stretch that cost the most, over the same round trips, each with its
+layer: where in the stretch the instructions go (inlined code counts for the function it was
+inlined into, as in scripts/layers.py).
 """
 
 import argparse
@@ -90,17 +93,24 @@ def stretches(seq, arrival, send):
     return out
 
 
-def by_layer(found):
-    """The mean instructions per layer of the stretches' arrival -> send parts, over the last
-    `LAYER_SAMPLE` of them (they repeat to within a few instructions; reading every part's
-    profile takes minutes under TCG)."""
+def per_function(found):
+    """The mean instructions per (layer, function) of the stretches' arrival -> send parts, over
+    the last `LAYER_SAMPLE` of them (they repeat to within a few instructions; reading every
+    part's profile takes minutes under TCG)."""
     found = found[-LAYER_SAMPLE:]
     total = collections.Counter()
     for _, _, files in found:
         for path in files:
-            for (lay, _function), cost in layers.per_function(path).items():
-                total[lay] += cost
-    return ",".join(f"{lay}:{round(total[lay] / len(found))}" for lay in layers.LAYERS)
+            total.update(layers.per_function(path))
+    return collections.Counter({key: cost / len(found) for key, cost in total.items()})
+
+
+def by_layer(costs):
+    """`per_function`'s costs added up per layer, as `layer:N` pairs."""
+    total = collections.Counter()
+    for (lay, _function), cost in costs.items():
+        total[lay] += cost
+    return ",".join(f"{lay}:{round(total[lay])}" for lay in layers.LAYERS)
 
 
 def main():
@@ -109,30 +119,36 @@ def main():
     ap.add_argument("--arrival", default="epoll_wait")
     ap.add_argument("--send", default="send")
     ap.add_argument("--by-layer", action="store_true")
+    ap.add_argument("--by-function", type=int, default=0, metavar="N")
     args = ap.parse_args()
     rows = []
     for role, seq in parts(args.dir).values():
         found = stretches(seq[len(seq) // 2 :], args.arrival, args.send)[1:-1]
         if found:
-            split = by_layer(found) if args.by_layer else None
+            costs = per_function(found) if args.by_layer or args.by_function else None
             rows.append(
                 (
                     role,
                     statistics.median(s for s, _, _ in found),
                     statistics.median(a for _, a, _ in found),
                     len(found),
-                    split,
+                    costs,
                 )
             )
     if not rows:
         raise SystemExit(f"critical_path.py: no round trips found (was the run split at {args.arrival} and {args.send}?)")
     what = {"client": "an answer's arrival -> the next request out", "server": "a request's arrival -> its answer out"}
-    for role, to_send, after, n, split in sorted(rows):
+    for role, to_send, after, n, costs in sorted(rows, key=lambda row: row[:4]):
         print(
             f"  {role:<7} {what.get(role, '?'):<46} {to_send:>7.0f}"
             f"   then -> the next arrival {after:>6.0f}   ({n} round trips)"
-            + (f"   by layer {split}" if split else "")
+            + (f"   by layer {by_layer(costs)}" if args.by_layer else "")
         )
+    for role, _, _, _, costs in sorted(rows, key=lambda row: row[:4]):
+        if args.by_function:
+            print(f"  {role}: the {args.by_function} functions of its stretch that cost the most")
+            for (lay, function), cost in costs.most_common(args.by_function):
+                print(f"    {cost:8.1f}  {lay:<9}  {function}")
 
 
 if __name__ == "__main__":

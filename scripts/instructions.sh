@@ -118,7 +118,9 @@ printf '%s\n' "${by_layer[@]}"
 # scripts/critical_path.py. rpc-core, then its transport alone (raw-transport). 300 calls after 100
 # of warm-up: the stretches repeat exactly from call to call, so their medians are the figures.
 # Each side's stretch from an arrival to its send is split by layer too (as layers.py splits a
-# whole call): the RPC layers' share of a round trip when each side has a CPU of its own.
+# whole call): the RPC layers' share of a round trip when each side has a CPU of its own. For
+# rpc-core, also the 12 functions of each side's stretch that cost the most: where a leaner
+# small-call path would cut.
 echo
 echo "instructions from a message's arrival to the next message out, per side (tcp, server in a child process; scripts/critical_path.py)"
 for system in rpc-core raw-transport; do
@@ -132,5 +134,7 @@ for system in rpc-core raw-transport; do
         --sizes 32 --iters 300 --warmup 100 --no-plots --out "$work/bench" >"$work/log" 2>&1 ||
         { cat "$work/log" >&2; exit 1; }
     echo " $system:"
-    python3 scripts/critical_path.py "$work/cp" --by-layer
+    functions=()
+    [[ "$system" == rpc-core ]] && functions=(--by-function 12)
+    python3 scripts/critical_path.py "$work/cp" --by-layer "${functions[@]}"
 done
