@@ -107,9 +107,7 @@ def per_function(found):
 
 def by_layer(costs):
     """`per_function`'s costs added up per layer, as `layer:N` pairs."""
-    total = collections.Counter()
-    for (lay, _function), cost in costs.items():
-        total[lay] += cost
+    total = layers.by_layer(costs)
     return ",".join(f"{lay}:{round(total[lay])}" for lay in layers.LAYERS)
 
 

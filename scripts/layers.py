@@ -99,14 +99,19 @@ def per_function(profile):
     return costs
 
 
+def by_layer(by_function):
+    """Costs per (layer, function) added up per layer."""
+    total = collections.Counter()
+    for (lay, _function), cost in by_function.items():
+        total[lay] += cost
+    return total
+
+
 def split(short, long, calls):
     """Per layer and per (layer, function): instructions per call."""
     a, b = per_function(short), per_function(long)
     by_function = collections.Counter({k: (b[k] - a.get(k, 0)) / calls for k in b})
-    by_layer = collections.Counter()
-    for (lay, _function), cost in by_function.items():
-        by_layer[lay] += cost
-    return by_layer, by_function
+    return by_layer(by_function), by_function
 
 
 def main():
