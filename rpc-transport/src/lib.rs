@@ -50,7 +50,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 
@@ -589,6 +589,18 @@ pub trait Connection: Send + fmt::Debug + 'static {
         out: &mut Vec<Completion>,
         max: usize,
     ) -> Poll<Result<(), TransportError>>;
+
+    /// Arms the connection for `waker` if no completion is queued: the next completion wakes
+    /// it, as after a [`Connection::poll_completions`] that found nothing, and `true` is
+    /// returned. `false`: a completion is queued (poll to take it), or the transport cannot arm
+    /// this way. A driver that has done its work arms here instead of polling once more. The
+    /// default returns `false`: verbs arms its completion queue as its poll finds it empty
+    /// (`ibv_req_notify_cq`, a system call on rxe, and one look more), so its driver polls.
+    /// `tcp` and `mem` look at a queue in memory.
+    fn arm(&mut self, waker: &Waker) -> bool {
+        let _ = waker;
+        false
+    }
 
     /// Counters since setup.
     fn counters(&self) -> TransportCounters;

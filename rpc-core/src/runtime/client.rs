@@ -77,9 +77,10 @@ impl Conn {
     /// flight and no other task holds its state; gives `cmd` back otherwise (it then goes
     /// through the queue). The caller then drives the connection until its call ends.
     ///
-    /// Returns whether the connection is armed for the call: the last pass ended in a round that
-    /// found nothing to do (the transport, the timer and the command queue hold the route's
-    /// waker), and starting the call changed nothing a pass would have to arm again (the timer
+    /// Returns whether the connection is armed for the call: the last pass ended armed (in a
+    /// round that found nothing to do, or after one that did its work with nothing left:
+    /// [`ClientDriver::settled`]; the transport, the timer and the command queue hold the
+    /// route's waker), and starting the call changed nothing a pass would have to arm again (the timer
     /// is armed here for the call's deadline, as a pass would). The caller's first poll then
     /// needs no pass unless a wake-up came meanwhile ([`Route::caller_arm`]).
     fn start_here(&self, cmd: Command) -> Result<bool, Command> {
@@ -436,6 +437,7 @@ async fn open(
         conn,
         commands: rx,
         taken: VecDeque::with_capacity(driver::COMPLETION_BATCH),
+        commands_armed: false,
         slots: slots.clone(),
         wakers: Vec::new(),
         scratch: driver::Scratch::new(),
@@ -519,6 +521,12 @@ struct ClientDriver {
     commands: commands::Receiver<Command>,
     /// Commands taken from the queue in one look, run in order.
     taken: VecDeque<Command>,
+    /// The command queue's last look found it empty and left the route's waker with it, and
+    /// nothing was taken since: a command sent since sets its flag (and wakes the route), so a
+    /// look at the flag is enough. Kept from one pass to the next, whichever task runs it: every
+    /// pass polls the queue with the route's waker ([`Engine::waker`]), so the waker the queue
+    /// holds is always the one a pass would leave.
+    commands_armed: bool,
     /// Where results go: the slot of each call (the proto knows which calls are in progress).
     slots: Arc<CallSlots>,
     /// The callers a batch of results wakes (kept from one batch to the next).
@@ -533,13 +541,15 @@ struct ClientDriver {
     quiet: Option<u64>,
     /// The result of the `quiet` call, if this pass ended it.
     quiet_answer: Option<(CallResult, tokio::time::Instant)>,
-    /// The last pass ended in a round that found nothing to do: the transport, the timer and
-    /// the command queue hold the route's waker, and nothing ran on this state since (cleared
+    /// The last pass ended armed, in a round that found nothing to do or after one that left
+    /// nothing to do ([`ClientDriver::settled`]): the transport, the timer and the command
+    /// queue hold the route's waker, and nothing ran on this state since (cleared
     /// when a pass begins and by [`Conn::start_here`], which takes it).
     idle_armed: bool,
     /// A caller's pass may stop short at its result: only where the confirming rounds cost a
     /// system call ([`ConnInfo::idle_poll_is_costly`](rpc_transport::ConnInfo), verbs). Elsewhere
-    /// the caller runs them itself (a few hundred instructions), which spares the driver task a
+    /// the caller arms the connection itself at the end of the round that took its answer
+    /// ([`ClientDriver::settled`]; a look at a queue in memory), which spares the driver task a
     /// wake-up and a pass per call.
     may_cut_short: bool,
     /// The connection's wake-up route (it counts the driver task's polls, for [`ConnStats`]).
@@ -561,12 +571,13 @@ struct ClientDriver {
 
 impl ClientDriver {
     /// Takes commands from the handles (a batch at a time, in one lock) and runs them. Returns
-    /// whether any was taken. `armed`: whether an earlier round of this poll found the queue
-    /// empty, which left this task's waker with it (a command sent since wakes the task again),
-    /// so that a look at its flag is enough.
-    fn poll_commands(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> bool {
-        match self.commands.poll_take(cx, driver::COMPLETION_BATCH, &mut self.taken, *armed) {
+    /// whether any was taken. While the queue is armed ([`ClientDriver::commands_armed`]: an
+    /// earlier look, in this pass or an earlier one, found it empty and left the route's waker
+    /// with it), a look at its flag is enough.
+    fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
+        match self.commands.poll_take(cx, driver::COMPLETION_BATCH, &mut self.taken, self.commands_armed) {
             Poll::Ready(true) => {
+                self.commands_armed = false;
                 while let Some(cmd) = self.taken.pop_front() {
                     self.run_command(cmd);
                 }
@@ -577,7 +588,7 @@ impl ClientDriver {
                 false
             }
             Poll::Pending => {
-                *armed = true;
+                self.commands_armed = true;
                 false
             }
         }
@@ -686,8 +697,8 @@ impl ClientDriver {
     /// driver waits), when `last` (before it yields) or when the round holds its SENDs (the
     /// pass then ends: see [`ClientDriver::hold_sends`]), so that they are armed whenever it
     /// stops, but not looked at in every busy round.
-    fn poll_round(&mut self, cx: &mut Context<'_>, armed: &mut bool, last: bool) -> Result<bool, Fatal> {
-        let took = self.poll_commands(cx, armed);
+    fn poll_round(&mut self, cx: &mut Context<'_>, last: bool) -> Result<bool, Fatal> {
+        let took = self.poll_commands(cx);
         let mut progressed = took;
         progressed |= driver::poll_completions(cx, self.conn.as_mut(), &mut self.proto, &mut self.scratch)?;
         // A round that holds its SENDs ends the pass: timers are armed before it stops.
@@ -718,9 +729,10 @@ impl ClientDriver {
             // replaced after its next request is out (`post_ready`), or by the next pass
             // (whichever task runs it) that handles a message or posts. Until then the spare
             // receive stands in for it (`proto::SPARE_RECEIVES`), so a SEND still never meets an
-            // empty receive queue. Where the caller runs the pass's confirming rounds itself
-            // (tcp, mem), that keeps the re-post off the way from the answer to the next request
-            // as well: work a side does after its message is out overlaps the peer's.
+            // empty receive queue. Where the caller arms the connection itself at the end of
+            // the pass (tcp, mem), that keeps the re-post off the way from the answer to the
+            // next request as well: work a side does after its message is out overlaps the
+            // peer's.
             driver::flush_repost(self.conn.as_mut(), &mut self.scratch)?;
         }
         Ok(progressed)
@@ -733,6 +745,34 @@ impl ClientDriver {
     /// there is nothing more: where that is allowed ([`ClientDriver::may_cut_short`]).
     fn cut_short(&self) -> bool {
         self.answered_quiet && self.may_cut_short
+    }
+
+    /// After a round that did work: whether the next would find nothing, so that the pass may
+    /// end without it, armed as that round would leave it. It would when the command queue is
+    /// armed and nothing was sent since, the state machine has no result to deliver and nothing
+    /// to post, and the transport has no completion queued: it is then armed with the route's
+    /// waker here ([`Connection::arm`], what that round's poll would do; verbs cannot, and its
+    /// pass runs the round or stops short at the caller's result). The timers are driven here,
+    /// as that round would drive them: if one is due, the round runs after all. Not while
+    /// closing (each round checks for the end). Over tcp and mem, a caller's pass spared that
+    /// round: ~0.5% of a 32 B call's instructions, on the way from the answer to the next
+    /// request (BENCHMARKS.md).
+    fn settled(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.closing
+            || !self.commands_armed
+            || self.commands.may_have_news()
+            || self.proto.has_events()
+            || self.proto.has_ops()
+            || !self.scratch.is_idle()
+            || !self.conn.arm(cx.waker())
+        {
+            return false;
+        }
+        match driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock) {
+            Ok(fired) => !fired,
+            // Left for the round, which drives the timers again and ends the driver.
+            Err(_) => false,
+        }
     }
 
     /// Whether this round holds its SENDs back ([`ClientDriver::poll_round`]): it took no
@@ -768,9 +808,8 @@ impl ClientDriver {
         self.idle_armed = false;
         self.ended_in_pass = false;
         self.answered_quiet = false;
-        let mut armed = false;
         for round in 1..=ROUNDS_PER_WAKE {
-            match self.poll_round(cx, &mut armed, round == ROUNDS_PER_WAKE) {
+            match self.poll_round(cx, round == ROUNDS_PER_WAKE) {
                 Err(fatal) => return self.end(fatal),
                 // The last handle is gone: close once the cancels and done reports are out and
                 // the server has reported our regions READ (bounded by the done timeout).
@@ -785,6 +824,11 @@ impl ClientDriver {
                 // SENDs held for the callers just woken: come back after them.
                 Ok(true) if self.held_sends => {
                     wake_after_others(cx);
+                    return Poll::Pending;
+                }
+                // The next round would find nothing: the pass ends armed, as after it.
+                Ok(true) if self.settled(cx) => {
+                    self.idle_armed = true;
                     return Poll::Pending;
                 }
                 Ok(true) => continue,

@@ -102,8 +102,9 @@ impl<T> Receiver<T> {
     /// `Ready(false)`: none, and none will come (the sender is gone); `Pending`: none, and this
     /// task is woken by the next send.
     ///
-    /// `armed`: this task found the queue empty earlier in the same poll (its waker is left
-    /// with the queue): then a look at the flag is enough while nothing was sent since. A send
+    /// `armed`: an earlier look found the queue empty and left with it the waker `cx` holds now
+    /// (in the same poll, or one with the same waker), and took nothing since: then a look at
+    /// the flag is enough while nothing was sent since. A send
     /// that came since takes the waker and wakes the task, so a flag read too early only defers
     /// the value to the next poll, never loses it.
     pub(crate) fn poll_take(
@@ -135,6 +136,14 @@ impl<T> Receiver<T> {
             self.shared.queued.store(false, Ordering::Relaxed);
         }
         Poll::Ready(true)
+    }
+}
+
+impl<T> Receiver<T> {
+    /// Whether something may have been sent (or the sender gone) since the queue was last
+    /// emptied: [`Receiver::poll_take`] with `armed` looks only then.
+    pub(crate) fn may_have_news(&self) -> bool {
+        self.shared.queued.load(Ordering::Acquire)
     }
 }
 

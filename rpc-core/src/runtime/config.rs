@@ -31,8 +31,9 @@ pub struct ClientConfig {
     /// has its answer: the rounds that would only confirm the connection has nothing more
     /// (taking the CQ event and re-arming it: system calls) are left to the driver task, polled
     /// once per such call, which runs them off the call's path (or finds the next lone call
-    /// driving already). Over mem and tcp, where those rounds cost no system call, the caller
-    /// runs them too and the driver task is not woken. Calls made while others are in flight go
+    /// driving already). Over mem and tcp, where arming costs no system call, the caller arms
+    /// the connection at the end of the round that took its answer (a look at a queue in
+    /// memory, no further round) and the driver task is not woken. Calls made while others are in flight go
     /// through the driver task, which batches their SENDs; so does a call that starts alone
     /// just after several calls ended together (a caller that keeps calls in flight is about to
     /// start as many again, and they leave in one batch). Default `true`; `false`: every call

@@ -328,6 +328,13 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
+    /// Nothing left in it for a later round: no SEND to post or to report, no READ
+    /// destination being made. (A receive left to re-post after the next answer or request is
+    /// out, `flush_repost`, waits for that, not for a round.)
+    pub(crate) fn is_idle(&self) -> bool {
+        self.sends.is_empty() && self.sent.is_empty() && self.destinations.is_empty()
+    }
+
     pub(crate) fn new() -> Self {
         Scratch {
             completions: Vec::with_capacity(COMPLETION_BATCH),

@@ -1,7 +1,7 @@
 //! One end of an in-process connection.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 
@@ -210,6 +210,10 @@ impl Connection for MemConnection {
         max: usize,
     ) -> Poll<Result<(), TransportError>> {
         self.local.poll_completions(cx, out, max)
+    }
+
+    fn arm(&mut self, waker: &Waker) -> bool {
+        self.local.arm(waker)
     }
 
     fn counters(&self) -> TransportCounters {

@@ -436,22 +436,46 @@ impl Soft {
         out: &mut Vec<Completion>,
         max: usize,
     ) -> Poll<Result<(), TransportError>> {
-        let id = waker_id(cx.waker());
-        if max > 0
-            && self.armed.load(Ordering::Acquire)
-            && self.armed_waker[0].load(Ordering::Relaxed) == id[0]
-            && self.armed_waker[1].load(Ordering::Relaxed) == id[1]
-        {
+        if max > 0 && self.is_armed(cx.waker()) {
             return Poll::Pending;
         }
         let mut st = self.lock();
         let polled = st.poll_completions(cx, out, max);
         if polled.is_pending() {
-            self.armed_waker[0].store(id[0], Ordering::Relaxed);
-            self.armed_waker[1].store(id[1], Ordering::Relaxed);
-            self.armed.store(true, Ordering::Release);
+            self.note_armed(cx.waker());
         }
         polled
+    }
+
+    /// Arms the queue for `waker` if nothing is queued (see [`crate::Connection::arm`]): what a
+    /// poll that finds nothing does, without taking anything.
+    pub(crate) fn arm(&self, waker: &Waker) -> bool {
+        if self.is_armed(waker) {
+            return true;
+        }
+        let mut st = self.lock();
+        if !st.leave_waker_if_empty(waker) {
+            return false;
+        }
+        self.note_armed(waker);
+        true
+    }
+
+    /// The last poll (or arming) left `waker` with the state, and nothing was queued (nor did
+    /// the endpoint die) since.
+    fn is_armed(&self, waker: &Waker) -> bool {
+        let id = waker_id(waker);
+        self.armed.load(Ordering::Acquire)
+            && self.armed_waker[0].load(Ordering::Relaxed) == id[0]
+            && self.armed_waker[1].load(Ordering::Relaxed) == id[1]
+    }
+
+    /// Records that `waker` was left with the state (under its lock).
+    fn note_armed(&self, waker: &Waker) {
+        let id = waker_id(waker);
+        self.armed_waker[0].store(id[0], Ordering::Relaxed);
+        self.armed_waker[1].store(id[1], Ordering::Relaxed);
+        self.armed.store(true, Ordering::Release);
     }
 
     pub(crate) fn counters(&self) -> TransportCounters {

@@ -308,16 +308,32 @@ impl State {
                 out.push(completion);
             }
             // The waker is not left here: a completion queued by the poller's own work before
-            // its next poll (a READ or SEND completed at posting) would wake it for nothing.
+            // its next poll (a READ or SEND completed at posting) would wake it for nothing. A
+            // poller done with its work arms the queue instead (`leave_waker_if_empty`).
             return Poll::Ready(Ok(()));
         }
         if let Some(death) = &self.dead {
             return Poll::Ready(Err(death.to_error()));
         }
-        match &mut self.waker {
-            Some(waker) if waker.will_wake(cx.waker()) => {}
-            slot => *slot = Some(cx.waker().clone()),
-        }
+        self.leave_waker(cx.waker());
         Poll::Pending
+    }
+
+    /// If no completion is queued (and the endpoint is alive), leaves `waker` as a poll that
+    /// found nothing would, and returns `true`: the next completion wakes it. Otherwise `false`
+    /// (poll: there is something to take).
+    pub(super) fn leave_waker_if_empty(&mut self, waker: &Waker) -> bool {
+        if !self.cq.is_empty() || self.dead.is_some() {
+            return false;
+        }
+        self.leave_waker(waker);
+        true
+    }
+
+    fn leave_waker(&mut self, waker: &Waker) {
+        match &mut self.waker {
+            Some(w) if w.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
     }
 }

@@ -362,3 +362,37 @@ fn reads_completed_at_once_wait_for_earlier_reads_and_die_with_them() {
         "{done:?}"
     );
 }
+
+#[test]
+fn arming_leaves_the_waker_only_when_nothing_is_queued_and_takes_nothing() {
+    // Receives for every message below.
+    let soft = Soft::new(&params(4, 16));
+    let ((a, wa), (b, wb)) = (counting_waker(), counting_waker());
+    let mut out = Vec::new();
+    // Something queued: not armed, and nothing is taken (nor is anyone woken).
+    soft.deliver(b"x").unwrap();
+    assert!(!soft.arm(&wa), "a completion is queued");
+    assert_eq!(a.0.load(Ordering::SeqCst), 0);
+    assert!(soft.poll_completions(&mut Context::from_waker(&wa), &mut out, 8).is_ready());
+    assert_eq!(out.iter().map(recv_bytes).collect::<Vec<_>>(), vec![b"x".to_vec()]);
+    // Emptied by that poll, which left no waker: arming leaves this one, and the next
+    // completion wakes it, once.
+    assert!(soft.arm(&wa));
+    assert!(soft.arm(&wa), "armed already: again true");
+    soft.deliver(b"y").unwrap();
+    assert_eq!(a.0.load(Ordering::SeqCst), 1);
+    assert!(!soft.arm(&wa), "the delivery is queued");
+    assert!(soft.poll_completions(&mut Context::from_waker(&wa), &mut out, 8).is_ready());
+    // Armed for `a`, a poll with `a` answers Pending without a look; arming with `b` moves the
+    // wake-up to `b`.
+    assert!(soft.arm(&wa));
+    assert!(soft.poll_completions(&mut Context::from_waker(&wa), &mut out, 8).is_pending());
+    assert!(soft.arm(&wb));
+    soft.deliver(b"z").unwrap();
+    assert_eq!((a.0.load(Ordering::SeqCst), b.0.load(Ordering::SeqCst)), (1, 1));
+    // A dead endpoint is not armed: its error is for a poll to take.
+    assert!(soft.poll_completions(&mut Context::from_waker(&wb), &mut out, 8).is_ready());
+    soft.fail(Death::Closed("bye".into()));
+    assert!(!soft.arm(&wb));
+    assert!(matches!(soft.poll_completions(&mut Context::from_waker(&wb), &mut out, 8), Poll::Ready(Err(_))));
+}

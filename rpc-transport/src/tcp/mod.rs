@@ -43,7 +43,7 @@ mod writer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -381,6 +381,12 @@ impl Connection for TcpConnection {
     ) -> Poll<Result<(), TransportError>> {
         self.direct_unpolled = false;
         self.soft.poll_completions(cx, out, max)
+    }
+
+    fn arm(&mut self, waker: &Waker) -> bool {
+        // A look at the completions as a poll's is: the next SEND is written directly.
+        self.direct_unpolled = false;
+        self.soft.arm(waker)
     }
 
     fn counters(&self) -> TransportCounters {
