@@ -757,7 +757,7 @@ impl ClientDriver {
     /// closing (each round checks for the end). Over tcp and mem, a caller's pass spared that
     /// round: ~0.5% of a 32 B call's instructions, on the way from the answer to the next
     /// request (BENCHMARKS.md).
-    fn settled(&mut self, cx: &mut Context<'_>) -> bool {
+    fn settled(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
         if self.closing
             || !self.commands_armed
             || self.commands.may_have_news()
@@ -766,13 +766,10 @@ impl ClientDriver {
             || !self.scratch.is_idle()
             || !self.conn.arm(cx.waker())
         {
-            return false;
+            return Ok(false);
         }
-        match driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock) {
-            Ok(fired) => !fired,
-            // Left for the round, which drives the timers again and ends the driver.
-            Err(_) => false,
-        }
+        let fired = driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
+        Ok(!fired)
     }
 
     /// Whether this round holds its SENDs back ([`ClientDriver::poll_round`]): it took no
@@ -826,12 +823,15 @@ impl ClientDriver {
                     wake_after_others(cx);
                     return Poll::Pending;
                 }
-                // The next round would find nothing: the pass ends armed, as after it.
-                Ok(true) if self.settled(cx) => {
-                    self.idle_armed = true;
-                    return Poll::Pending;
-                }
-                Ok(true) => continue,
+                Ok(true) => match self.settled(cx) {
+                    // The next round would find nothing: the pass ends armed, as after it.
+                    Ok(true) => {
+                        self.idle_armed = true;
+                        return Poll::Pending;
+                    }
+                    Ok(false) => continue,
+                    Err(fatal) => return self.end(fatal),
+                },
                 Ok(false) => {
                     self.idle_armed = true;
                     return Poll::Pending;

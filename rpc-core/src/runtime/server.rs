@@ -1021,23 +1021,20 @@ impl ServerDriver {
     /// driven here, as that round would drive them (a call's deadline added in this round arms
     /// them): if one is due, the round runs after all. Over tcp and mem, a 32 B call's server
     /// spared that round: ~0.5% of a call's instructions (BENCHMARKS.md).
-    fn settled(&mut self, cx: &mut Context<'_>) -> bool {
+    fn settled(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
         if self.proto.has_events()
             || self.proto.has_ops()
             || !self.scratch.is_idle()
             || !self.waiting.is_empty()
             || !self.handlers.is_empty()
             || self.post_failed.is_some()
-            || !self.conn.arm(cx.waker())
             || self.proto.blocked_on_shared_budget().is_some()
+            || !self.conn.arm(cx.waker())
         {
-            return false;
+            return Ok(false);
         }
-        match driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock) {
-            Ok(fired) => !fired,
-            // Left for the round, which drives the timers again and ends the connection.
-            Err(_) => false,
-        }
+        let fired = driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
+        Ok(!fired)
     }
 
     /// Brings the connection's slot of the board up to date, field by field in place (no
@@ -1095,7 +1092,15 @@ impl Future for ServerDriver {
         this.poll_shutdown(cx);
         let mut worked = false;
         for round in 1..=ROUNDS_PER_WAKE {
-            match this.poll_round(cx, round == ROUNDS_PER_WAKE) {
+            let outcome = match this.poll_round(cx, round == ROUNDS_PER_WAKE) {
+                Ok(true) => {
+                    worked = true;
+                    // Work is left only if the next round would find some.
+                    this.settled(cx).map(|settled| !settled)
+                }
+                other => other,
+            };
+            match outcome {
                 Err(Fatal::Transport(e)) => {
                     tracing::debug!(error = %e, "connection closed");
                     this.stop();
@@ -1116,12 +1121,8 @@ impl Future for ServerDriver {
                     this.stop();
                     return Poll::Ready(());
                 }
-                Ok(true) if !this.settled(cx) => {
-                    worked = true;
-                    continue;
-                }
-                Ok(progressed) => {
-                    worked |= progressed;
+                Ok(true) => continue,
+                Ok(false) => {
                     // A poll that found nothing changed little (a busy-polling driver spins
                     // through many): its counters go out with the next that did, or every
                     // `STATS_EVERY` polls.
