@@ -758,7 +758,10 @@ impl ClientDriver {
     /// round: ~0.5% of a 32 B call's instructions, on the way from the answer to the next
     /// request (BENCHMARKS.md).
     fn settled(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
-        if self.closing
+        // Over verbs (where a pass may stop short instead) `Connection::arm` never arms: the
+        // check is not made at all.
+        if self.may_cut_short
+            || self.closing
             || !self.commands_armed
             || self.commands.may_have_news()
             || self.proto.has_events()

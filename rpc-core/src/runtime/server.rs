@@ -335,6 +335,7 @@ impl Acceptor {
             stats_slot: self.board.slot(),
             polls: 0,
             boxes: HandlerBoxes::default(),
+            settles: !info.idle_poll_is_costly,
         };
         connections.spawn(driver.instrument(span));
     }
@@ -617,6 +618,11 @@ struct ServerDriver {
     /// and pool they ran with, for the next ones' (a context is reused if its handler kept no
     /// clone of it).
     boxes: HandlerBoxes,
+    /// Whether a poll may end after the round that did its work ([`ServerDriver::settled`]):
+    /// where arming the transport is a look at a queue in memory (tcp, mem:
+    /// [`ConnInfo::idle_poll_is_costly`](rpc_transport::ConnInfo) is `false`). Over verbs
+    /// [`Connection::arm`] never arms, and the check is not made at all.
+    settles: bool,
 }
 
 /// Resolves once the server's shutdown flag is set.
@@ -1022,7 +1028,8 @@ impl ServerDriver {
     /// them): if one is due, the round runs after all. Over tcp and mem, a 32 B call's server
     /// spared that round: ~0.5% of a call's instructions (BENCHMARKS.md).
     fn settled(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
-        if self.proto.has_events()
+        if !self.settles
+            || self.proto.has_events()
             || self.proto.has_ops()
             || !self.scratch.is_idle()
             || !self.waiting.is_empty()
