@@ -42,9 +42,10 @@ over_all_transports! {
             assert!(passes >= CALLS, "every lone call drives its connection at least once: {passes} passes");
             // Over verbs the driver task is polled about once per call (it runs the rounds the
             // caller left once it had its answer: they re-arm the CQ, a system call, off the
-            // call's path), not once per message. Over mem and tcp, where those rounds cost
-            // nothing but instructions, the caller runs them itself: the task is not woken for
-            // lone calls at all (the one poll is for the `stats` command).
+            // call's path), not once per message. Over mem and tcp, where arming is a look at a
+            // queue in memory, the caller's pass arms the connection itself at the end of the
+            // round that took its answer (`driver::settle`): the task is not woken for lone
+            // calls at all (the one poll is for the `stats` command).
             let task_polls = after.driver_polls - before.driver_polls;
             eprintln!("{kind:?}: {passes} caller passes, {task_polls} driver task polls for {CALLS} calls");
             let bound = if matches!(kind, Kind::Rdma) { 2 * CALLS } else { 2 };

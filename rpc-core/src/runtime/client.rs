@@ -447,7 +447,7 @@ async fn open(
         quiet: None,
         quiet_answer: None,
         idle_armed: false,
-        may_cut_short: info.idle_poll_is_costly,
+        settles: driver::settles(&info),
         route: route.clone(),
         caller_passes: 0,
         ended_together: 0,
@@ -546,12 +546,13 @@ struct ClientDriver {
     /// queue hold the route's waker, and nothing ran on this state since (cleared
     /// when a pass begins and by [`Conn::start_here`], which takes it).
     idle_armed: bool,
-    /// A caller's pass may stop short at its result: only where the confirming rounds cost a
-    /// system call ([`ConnInfo::idle_poll_is_costly`](rpc_transport::ConnInfo), verbs). Elsewhere
-    /// the caller arms the connection itself at the end of the round that took its answer
-    /// ([`ClientDriver::settled`]; a look at a queue in memory), which spares the driver task a
-    /// wake-up and a pass per call.
-    may_cut_short: bool,
+    /// Whether a pass may end after the round that did its work ([`driver::settles`],
+    /// [`ClientDriver::settled`]: tcp, mem), the caller arming the connection itself at the end
+    /// of the round that took its answer (a look at a queue in memory), which spares the driver
+    /// task a wake-up and a pass per call. Where it may not (verbs, whose confirming rounds cost
+    /// a system call), a caller's pass stops short at its result instead
+    /// ([`ClientDriver::cut_short`]).
+    settles: bool,
     /// The connection's wake-up route (it counts the driver task's polls, for [`ConnStats`]).
     route: Arc<Route>,
     /// Passes run by callers driving the connection (for [`ConnStats`]).
@@ -742,37 +743,22 @@ impl ClientDriver {
 impl ClientDriver {
     /// Whether the current (or just ended) pass stops once the result of the `quiet` call is
     /// delivered (its caller waits for nothing else), without the rounds that would confirm
-    /// there is nothing more: where that is allowed ([`ClientDriver::may_cut_short`]).
+    /// there is nothing more: where the pass does not settle instead ([`ClientDriver::settles`]).
     fn cut_short(&self) -> bool {
-        self.answered_quiet && self.may_cut_short
+        self.answered_quiet && !self.settles
     }
 
     /// After a round that did work: whether the next would find nothing, so that the pass may
-    /// end without it, armed as that round would leave it. It would when the command queue is
-    /// armed and nothing was sent since, the state machine has no result to deliver and nothing
-    /// to post, and the transport has no completion queued: it is then armed with the route's
-    /// waker here ([`Connection::arm`], what that round's poll would do; verbs cannot, and its
-    /// pass runs the round or stops short at the caller's result). The timers are driven here,
-    /// as that round would drive them: if one is due, the round runs after all. Not while
-    /// closing (each round checks for the end). Over tcp and mem, a caller's pass spared that
-    /// round: ~0.5% of a 32 B call's instructions, on the way from the answer to the next
-    /// request (BENCHMARKS.md).
+    /// end without it, armed as that round would leave it ([`driver::settle`], where the
+    /// connection [`driver::settles`]). Besides what that checks, the command queue is armed and
+    /// nothing was sent on it since. Not while closing (each round checks for the end). Over tcp
+    /// and mem, a caller's pass spared that round: ~0.5% of a 32 B call's instructions, on the
+    /// way from the answer to the next request (BENCHMARKS.md).
     fn settled(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
-        // Over verbs (where a pass may stop short instead) `Connection::arm` never arms: the
-        // check is not made at all.
-        if self.may_cut_short
-            || self.closing
-            || !self.commands_armed
-            || self.commands.may_have_news()
-            || self.proto.has_events()
-            || self.proto.has_ops()
-            || !self.scratch.is_idle()
-            || !self.conn.arm(cx.waker())
-        {
+        if !self.settles || self.closing || !self.commands_armed || self.commands.may_have_news() {
             return Ok(false);
         }
-        let fired = driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
-        Ok(!fired)
+        driver::settle(cx, self.conn.as_mut(), &mut self.proto, &mut self.sleep, &mut self.scratch)
     }
 
     /// Whether this round holds its SENDs back ([`ClientDriver::poll_round`]): it took no

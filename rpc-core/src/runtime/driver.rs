@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rpc_transport::{
-    Buf, Completion, Connection, Detail, ReadError, Received, RecvBuffer, RegionDesc, SendBuf,
+    Buf, Completion, ConnInfo, Connection, Detail, ReadError, Received, RecvBuffer, RegionDesc, SendBuf,
     TransportCounters, TransportError, WrId,
 };
 use tokio::task::JoinHandle;
@@ -99,6 +99,8 @@ pub(crate) trait ProtoEnd {
     /// Whether [`ProtoEnd::next_op`] has anything to do (when not, it would return `None` and
     /// change nothing).
     fn has_ops(&self) -> bool;
+    /// Whether the state machine has results or requests for its driver to take.
+    fn has_events(&self) -> bool;
     fn timeout(&mut self) -> Option<Instant>;
     /// The earliest timeout added since the last look (see [`ClientProto::take_added_timeout`]).
     fn take_added_timeout(&mut self) -> Option<Instant>;
@@ -135,6 +137,10 @@ macro_rules! impl_proto_end {
             #[inline]
             fn has_ops(&self) -> bool {
                 self.has_ops()
+            }
+            #[inline]
+            fn has_events(&self) -> bool {
+                self.has_events()
             }
             fn timeout(&mut self) -> Option<Instant> {
                 self.poll_timeout()
@@ -545,6 +551,38 @@ impl Timer {
     }
 }
 
+/// Whether a driver may end a poll after the round that did its work ([`settle`]): where arming
+/// the transport is a look at a queue in memory (tcp, mem: [`ConnInfo::idle_poll_is_costly`] is
+/// `false`). Over verbs [`Connection::arm`] never arms (its arming is the empty poll), so the
+/// looks are not made at all (they cost a verbs server ~150 instructions a call for nothing,
+/// BENCHMARKS.md, session 61); its drivers run the confirming round, or a caller's pass stops
+/// short at its result.
+pub(crate) fn settles(info: &ConnInfo) -> bool {
+    !info.idle_poll_is_costly
+}
+
+/// After a round that did work, where the driver [`settles`] and its own queues hold nothing:
+/// whether the next round would find nothing, so that the poll may end without it, armed as
+/// that round would leave it. It would when the state machine has no event and nothing to post,
+/// `scratch` holds no SEND and no READ destination, and the transport has no completion queued:
+/// it is then armed with `cx`'s waker ([`Connection::arm`], what that round's poll would do).
+/// The timers are driven here, as that round would drive them (a deadline the round added arms
+/// them): if one is due, it runs and the round runs after all (`Ok(false)`). A fatal timeout
+/// is the driver's end, as a round's would be.
+pub(crate) fn settle<P: ProtoEnd>(
+    cx: &mut Context<'_>,
+    conn: &mut dyn Connection,
+    proto: &mut P,
+    timer: &mut Timer,
+    scratch: &mut Scratch,
+) -> Result<bool, Fatal> {
+    if proto.has_events() || proto.has_ops() || !scratch.is_idle() || !conn.arm(cx.waker()) {
+        return Ok(false);
+    }
+    let fired = drive_timers(cx, proto, timer, &mut scratch.clock)?;
+    Ok(!fired)
+}
+
 /// Runs expired timers (call deadlines, keepalive, READ and done timeouts) and arms the timer
 /// for the next one. Returns whether anything expired; a fatal timeout (a silent peer, an
 /// overdue READ or done report) is an error.
@@ -613,6 +651,11 @@ mod tests {
         added: Option<Instant>,
         asked: u32,
         expired: u32,
+        /// Its expiry is fatal (a silent peer).
+        fatal: bool,
+        /// It has an event or an operation for its driver.
+        events: bool,
+        ops: bool,
     }
 
     impl OneTimeout {
@@ -640,7 +683,10 @@ mod tests {
             None
         }
         fn has_ops(&self) -> bool {
-            false
+            self.ops
+        }
+        fn has_events(&self) -> bool {
+            self.events
         }
         fn timeout(&mut self) -> Option<Instant> {
             self.asked += 1;
@@ -653,6 +699,9 @@ mod tests {
             if self.at.is_some_and(|at| at <= now) {
                 self.at = None;
                 self.expired += 1;
+                if self.fatal {
+                    return Err(ProtoError::PeerSilent { idle: Duration::from_secs(30) });
+                }
             }
             Ok(())
         }
@@ -727,5 +776,88 @@ mod tests {
         let asked = proto.asked;
         assert!(!drive(&mut proto, &mut timer, &mut clock));
         assert_eq!(proto.asked, asked);
+    }
+
+    /// `settle` over an in-process connection: it arms the connection only when nothing is left
+    /// (a state machine's event or operation, a queued completion), takes nothing, runs a due
+    /// timeout (the round then runs after all) and ends the driver on a fatal one.
+    #[tokio::test(start_paused = true)]
+    async fn settle_arms_only_when_nothing_is_left_and_ends_on_a_fatal_timeout() {
+        let fabric = rpc_transport::mem::MemFabric::new();
+        let params = rpc_transport::ConnParams::default;
+        let mut listener = fabric.listen("settle", params()).expect("listen");
+        let mut conn = fabric.connect("settle", params()).await.expect("connect");
+        let mut peer = listener.accept().await.expect("accept");
+        let send = |peer: &mut Box<dyn Connection>| {
+            peer.post_send(1, SendBuf::from(Bytes::from_static(b"x"))).expect("send")
+        };
+        let mut proto = OneTimeout::default();
+        let (mut timer, mut scratch) = (Timer::new(false), Scratch::new());
+        let (wakes, waker) = CountWakes::waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut settled = |proto: &mut OneTimeout, conn: &mut Box<dyn Connection>, scratch: &mut Scratch| {
+            scratch.clock.reset();
+            settle(&mut cx, conn.as_mut(), proto, &mut timer, scratch)
+        };
+        // Takes whatever the connection has queued, leaving it armed with a waker that counts
+        // nothing.
+        let drain = |conn: &mut Box<dyn Connection>| {
+            let mut out = Vec::new();
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            while let Poll::Ready(polled) = conn.poll_completions(&mut cx, &mut out, COMPLETION_BATCH) {
+                polled.expect("poll");
+                if out.is_empty() {
+                    break;
+                }
+                for completion in out.drain(..) {
+                    if let Completion::Recv { buf, .. } = completion {
+                        conn.post_recv(buf).expect("repost");
+                    }
+                }
+            }
+        };
+
+        // Nothing left: armed with this waker, which the next delivery wakes.
+        assert!(settled(&mut proto, &mut conn, &mut scratch).expect("not fatal"));
+        assert_eq!(wakes.count(), 0);
+        send(&mut peer);
+        assert_eq!(wakes.count(), 1, "the delivery woke the settled driver");
+
+        // A completion queued: the round runs, and finds it (`settle` took nothing).
+        assert!(!settled(&mut proto, &mut conn, &mut scratch).expect("not fatal"));
+        let mut out = Vec::new();
+        let polled = conn.poll_completions(&mut Context::from_waker(&waker), &mut out, COMPLETION_BATCH);
+        assert!(matches!(polled, Poll::Ready(Ok(()))) && out.len() == 1, "the completion is still queued");
+        if let Some(Completion::Recv { buf, .. }) = out.pop() {
+            conn.post_recv(buf).expect("repost");
+        }
+        drain(&mut conn);
+
+        // An event or an operation left: the round runs, and the connection is not armed with
+        // this waker (the delivery that follows wakes only the drain's).
+        for (events, ops) in [(true, false), (false, true)] {
+            proto.events = events;
+            proto.ops = ops;
+            assert!(!settled(&mut proto, &mut conn, &mut scratch).expect("not fatal"));
+            send(&mut peer);
+            drain(&mut conn);
+        }
+        assert_eq!(wakes.count(), 1, "not armed while the state machine had work");
+        proto.events = false;
+        proto.ops = false;
+
+        // A timeout due: it runs, and so does the round.
+        proto.add(tokio::time::Instant::now());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!settled(&mut proto, &mut conn, &mut scratch).expect("not fatal"));
+        assert_eq!(proto.expired, 1);
+
+        // A fatal one due (a silent peer): the driver's end, as a round's would be.
+        proto.fatal = true;
+        proto.add(tokio::time::Instant::now());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let ended = settled(&mut proto, &mut conn, &mut scratch);
+        assert!(matches!(ended, Err(Fatal::Protocol(ProtoError::PeerSilent { .. }))), "{ended:?}");
+        assert_eq!(proto.expired, 2);
     }
 }

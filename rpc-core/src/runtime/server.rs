@@ -335,7 +335,7 @@ impl Acceptor {
             stats_slot: self.board.slot(),
             polls: 0,
             boxes: HandlerBoxes::default(),
-            settles: !info.idle_poll_is_costly,
+            settles: driver::settles(&info),
         };
         connections.spawn(driver.instrument(span));
     }
@@ -618,10 +618,8 @@ struct ServerDriver {
     /// and pool they ran with, for the next ones' (a context is reused if its handler kept no
     /// clone of it).
     boxes: HandlerBoxes,
-    /// Whether a poll may end after the round that did its work ([`ServerDriver::settled`]):
-    /// where arming the transport is a look at a queue in memory (tcp, mem:
-    /// [`ConnInfo::idle_poll_is_costly`](rpc_transport::ConnInfo) is `false`). Over verbs
-    /// [`Connection::arm`] never arms, and the check is not made at all.
+    /// Whether a poll may end after the round that did its work ([`driver::settles`],
+    /// [`ServerDriver::settled`]).
     settles: bool,
 }
 
@@ -1019,29 +1017,21 @@ impl ServerDriver {
     }
 
     /// After a round that did work: whether the next would find nothing, so that the poll may
-    /// end without it. It would when the state machine has no event and nothing to post, no
-    /// request waits for a handler, none runs in a task (whose result would come through the
-    /// channel), no READ waits for the server-wide budget, and the transport has no completion
-    /// queued: it is then armed with this task's waker here ([`Connection::arm`], what that
-    /// round's poll would do; verbs cannot, and its driver runs the round). The timers are
-    /// driven here, as that round would drive them (a call's deadline added in this round arms
-    /// them): if one is due, the round runs after all. Over tcp and mem, a 32 B call's server
-    /// spared that round: ~0.5% of a call's instructions (BENCHMARKS.md).
+    /// end without it ([`driver::settle`], where the connection [`driver::settles`]). Besides
+    /// what that checks, no request waits for a handler, none runs in a task (whose result would
+    /// come through the channel), no failed post waits to be reported and no READ waits for the
+    /// server-wide budget. Over tcp and mem, a 32 B call's server spared that round: ~0.5% of a
+    /// call's instructions (BENCHMARKS.md).
     fn settled(&mut self, cx: &mut Context<'_>) -> Result<bool, Fatal> {
         if !self.settles
-            || self.proto.has_events()
-            || self.proto.has_ops()
-            || !self.scratch.is_idle()
             || !self.waiting.is_empty()
             || !self.handlers.is_empty()
             || self.post_failed.is_some()
             || self.proto.blocked_on_shared_budget().is_some()
-            || !self.conn.arm(cx.waker())
         {
             return Ok(false);
         }
-        let fired = driver::drive_timers(cx, &mut self.proto, &mut self.sleep, &mut self.scratch.clock)?;
-        Ok(!fired)
+        driver::settle(cx, self.conn.as_mut(), &mut self.proto, &mut self.sleep, &mut self.scratch)
     }
 
     /// Brings the connection's slot of the board up to date, field by field in place (no
