@@ -115,17 +115,23 @@ struct Row {
     rpc_core_vs_raw_tcp: Option<f64>,
     /// The smallest and largest of the runs' ratios over raw TCP.
     rpc_core_vs_raw_tcp_range: Option<(f64, f64)>,
+    /// Raw TCP's advantage over tarpc, the same way: what rpc-core's ratio to tarpc would be if
+    /// it matched the raw ping-pong (a goal above it asks rpc-core to beat raw TCP).
+    raw_tcp_vs_tarpc: Option<f64>,
+    /// The smallest and largest of the runs' ratios of raw TCP over tarpc.
+    raw_tcp_vs_tarpc_range: Option<(f64, f64)>,
 }
 
-/// rpc-core's advantage over the system at `other` in each run where both were measured
-/// (`runs[r][s]`: run `r`'s figure of system `s`), then their median and range.
+/// The advantage of the system at `base` over the one at `other` in each run where both were
+/// measured (`runs[r][s]`: run `r`'s figure of system `s`), then their median and range.
 fn paired(
     runs: &[Vec<Option<f64>>],
+    base: usize,
     other: usize,
     lower_is_better: bool,
 ) -> (Option<f64>, Option<(f64, f64)>) {
     let ratios: Vec<f64> =
-        runs.iter().filter_map(|run| advantage(run[0], run[other], lower_is_better)).collect();
+        runs.iter().filter_map(|run| advantage(run[base], run[other], lower_is_better)).collect();
     let range = ratios
         .iter()
         .copied()
@@ -315,8 +321,9 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
             let medians: Vec<Option<f64>> = (0..SYSTEMS.len())
                 .map(|s| median(per_run.iter().filter_map(|run| run[s]).collect()))
                 .collect();
-            let (vs_tarpc, vs_tarpc_range) = paired(&per_run, 1, m.lower_is_better);
-            let (vs_raw, vs_raw_range) = paired(&per_run, 2, m.lower_is_better);
+            let (vs_tarpc, vs_tarpc_range) = paired(&per_run, 0, 1, m.lower_is_better);
+            let (vs_raw, vs_raw_range) = paired(&per_run, 0, 2, m.lower_is_better);
+            let (raw_vs_tarpc, raw_vs_tarpc_range) = paired(&per_run, 2, 1, m.lower_is_better);
             Row {
                 metric: m.name,
                 lower_is_better: m.lower_is_better,
@@ -325,6 +332,8 @@ pub(super) async fn compare(a: CompareArgs) -> Result<(), BenchError> {
                 rpc_core_vs_tarpc_range: vs_tarpc_range,
                 rpc_core_vs_raw_tcp: vs_raw,
                 rpc_core_vs_raw_tcp_range: vs_raw_range,
+                raw_tcp_vs_tarpc: raw_vs_tarpc,
+                raw_tcp_vs_tarpc_range: raw_vs_tarpc_range,
             }
         })
         .collect();
@@ -350,21 +359,23 @@ fn print_rows(rows: &[Row], runs: usize) {
         "\n# medians of {runs} run(s); advantage = how many times better rpc-core is (> 1: rpc-core better),"
     );
     println!(
-        "# the median of the runs' ratios (each run measures the systems seconds apart) and their range"
+        "# the median of the runs' ratios (each run measures the systems seconds apart) and their range;"
     );
+    println!("# raw-tcp vs tarpc: where rpc-core's ratio to tarpc would be if it matched the raw ping-pong");
     println!(
-        "{:<36} {:>12} {:>12} {:>12} {:>22} {:>22}",
-        "metric", "rpc-core", "tarpc", "raw-tcp", "vs tarpc", "vs raw-tcp"
+        "{:<36} {:>12} {:>12} {:>12} {:>22} {:>22} {:>22}",
+        "metric", "rpc-core", "tarpc", "raw-tcp", "vs tarpc", "vs raw-tcp", "raw-tcp vs tarpc"
     );
     for r in rows {
         println!(
-            "{:<36} {:>12} {:>12} {:>12} {:>22} {:>22}",
+            "{:<36} {:>12} {:>12} {:>12} {:>22} {:>22} {:>22}",
             r.metric,
             fmt(r.medians[0]),
             fmt(r.medians[1]),
             fmt(r.medians[2]),
             fmt_advantage(r.rpc_core_vs_tarpc, r.rpc_core_vs_tarpc_range),
             fmt_advantage(r.rpc_core_vs_raw_tcp, r.rpc_core_vs_raw_tcp_range),
+            fmt_advantage(r.raw_tcp_vs_tarpc, r.raw_tcp_vs_tarpc_range),
         );
     }
 }
@@ -398,12 +409,14 @@ mod tests {
             vec![Some(40.0), Some(80.0), None],
             vec![Some(10.0), Some(15.0), Some(10.0)],
         ];
-        assert_eq!(paired(&runs, 1, true), (Some(2.0), Some((1.5, 2.0))));
+        assert_eq!(paired(&runs, 0, 1, true), (Some(2.0), Some((1.5, 2.0))));
         // Raw TCP was measured in two runs only: 0.5 and 1.0; the median of two is the upper.
-        assert_eq!(paired(&runs, 2, true), (Some(1.0), Some((0.5, 1.0))));
+        assert_eq!(paired(&runs, 0, 2, true), (Some(1.0), Some((0.5, 1.0))));
         // Higher is better (calls/s): rpc-core / other.
-        assert_eq!(paired(&runs, 1, false), (Some(0.5), Some((0.5, 0.6666666666666666))));
-        assert_eq!(paired(&[vec![Some(1.0), None, None]], 1, true), (None, None));
+        assert_eq!(paired(&runs, 0, 1, false), (Some(0.5), Some((0.5, 0.6666666666666666))));
+        assert_eq!(paired(&[vec![Some(1.0), None, None]], 0, 1, true), (None, None));
+        // Raw TCP against tarpc, in the two runs that measured both: 4.0 and 1.5.
+        assert_eq!(paired(&runs, 2, 1, true), (Some(4.0), Some((1.5, 4.0))));
     }
 
     #[test]
