@@ -71,6 +71,13 @@ pub struct Counters {
     /// `ServerConfig::inline_stall` (server side).
     #[serde(default)]
     pub inline_stalls: u64,
+    /// Looks at the socket after a SEND whose write took long (tcp transport), and those that
+    /// found the peer's bytes.
+    #[serde(default)]
+    pub tcp_looks: u64,
+    /// Looks that found the peer's bytes (tcp transport).
+    #[serde(default)]
+    pub tcp_looks_found: u64,
 }
 
 impl From<&ConnStats> for Counters {
@@ -104,6 +111,8 @@ impl From<&ConnStats> for Counters {
             caller_passes: s.caller_passes,
             busy_poll_spins: t.busy_poll_spins,
             inline_stalls: s.inline_stalls,
+            tcp_looks: t.tcp_looks,
+            tcp_looks_found: t.tcp_looks_found,
         }
     }
 }
@@ -111,7 +120,7 @@ impl From<&ConnStats> for Counters {
 impl Counters {
     /// Field-by-field sum.
     pub fn add(&mut self, o: &Counters) {
-        let pairs: [(&mut u64, u64); 27] = [
+        let pairs: [(&mut u64, u64); 29] = [
             (&mut self.calls_completed, o.calls_completed),
             (&mut self.eager_sent, o.eager_sent),
             (&mut self.rendezvous_sent, o.rendezvous_sent),
@@ -139,6 +148,8 @@ impl Counters {
             (&mut self.caller_passes, o.caller_passes),
             (&mut self.busy_poll_spins, o.busy_poll_spins),
             (&mut self.inline_stalls, o.inline_stalls),
+            (&mut self.tcp_looks, o.tcp_looks),
+            (&mut self.tcp_looks_found, o.tcp_looks_found),
         ];
         for (mine, theirs) in pairs {
             *mine += theirs;
@@ -146,7 +157,7 @@ impl Counters {
     }
 
     /// The rows printed at the end of a run: `(name, value)`.
-    pub fn rows(&self) -> [(&'static str, u64); 23] {
+    pub fn rows(&self) -> [(&'static str, u64); 25] {
         [
             ("calls completed", self.calls_completed),
             ("eager sent", self.eager_sent),
@@ -171,6 +182,8 @@ impl Counters {
             ("handlers spawned", self.handlers_spawned),
             ("inline stalls", self.inline_stalls),
             ("SEND posts", self.send_posts),
+            ("looks after SEND", self.tcp_looks),
+            ("looks that found", self.tcp_looks_found),
         ]
     }
 }

@@ -165,6 +165,14 @@ pub struct ConnParams {
     /// goes to the peer as if it had not been pushed. Default 256 MiB. Memory cost: at most this
     /// many bytes over the listener's connections (each also at most its `tcp_push_window`).
     pub tcp_push_listener_total: u64,
+    /// tcp only: a SEND written by the caller whose write took at least twice the fastest of the
+    /// last 256 is followed by one read of the socket, whatever the runtime's readiness says. A
+    /// write that long usually had the peer run inside it (both on one CPU) and answer: the
+    /// answer is then read without a wait for readiness (an `epoll_wait` system call and a turn
+    /// of the runtime's I/O driver). Looks that mostly find nothing pause themselves. Default
+    /// `true`. Cost: two clock readings per SEND the caller writes, and a `recv` system call per
+    /// look that finds nothing. Counted in [`TransportCounters::tcp_looks`].
+    pub tcp_read_after_send: bool,
     /// Bounds of the connection's memory pool ([`Connection::pool`]): default 256 MiB kept for
     /// reuse, of which at most 64 MiB of large buffers idle. On `rdma` this memory is pinned
     /// (registered); an idle connection that once moved large payloads keeps up to
@@ -254,6 +262,7 @@ impl Default for ConnParams {
             rdma: RdmaSettings::default(),
             tcp_push_window: 32 << 20,
             tcp_push_listener_total: 256 << 20,
+            tcp_read_after_send: true,
         }
     }
 }
@@ -475,6 +484,11 @@ pub struct TransportCounters {
     /// caller's direct writes and the writer task's; each carries any number of frames), calls
     /// that posted SENDs (mem). Fewer than `sends` when SENDs leave in batches.
     pub send_posts: u64,
+    /// tcp: looks at the socket right after a SEND whose write took long (see
+    /// [`ConnParams::tcp_read_after_send`]), and those that found bytes from the peer.
+    pub tcp_looks: u64,
+    /// tcp: looks that found bytes (or the end of the stream).
+    pub tcp_looks_found: u64,
 }
 
 impl TransportCounters {
@@ -502,6 +516,8 @@ impl TransportCounters {
         out.sends_direct += other.sends_direct;
         out.send_posts += other.send_posts;
         out.hello_nudges += other.hello_nudges;
+        out.tcp_looks += other.tcp_looks;
+        out.tcp_looks_found += other.tcp_looks_found;
         out
     }
 }

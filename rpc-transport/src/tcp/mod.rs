@@ -37,6 +37,7 @@ mod handshake;
 mod listener;
 mod outbox;
 mod push;
+mod read_after_send;
 mod reader;
 mod wire;
 mod writer;
@@ -44,7 +45,7 @@ mod writer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::BufReader;
@@ -59,6 +60,7 @@ use crate::{
 use handshake::PeerHello;
 use outbox::{Direct, Outbox};
 use push::{Lookup, Push, PushPool};
+use read_after_send::{LookPolicy, LookingReader, ReadAfterSend};
 use writer::Outgoing;
 
 pub use listener::listen;
@@ -150,6 +152,10 @@ struct TcpConnection {
     /// A SEND was written directly since completions were last polled: we are in a burst, whose
     /// next SENDs go to the writer (one vectored write for all) rather than one system call each.
     direct_unpolled: bool,
+    /// The reader's look at the socket after a SEND written here (`read_after_send.rs`), and
+    /// when to ask for one.
+    looks: Arc<ReadAfterSend>,
+    look_policy: LookPolicy,
     info: ConnInfo,
 }
 
@@ -174,6 +180,8 @@ impl TcpConnection {
         // writing when it is dropped, so the peer sees EOF either way.
         let mut reader = reader::Reader::new(soft.clone(), out.clone(), ours.recv_size, push.clone());
         let reader_soft = soft.clone();
+        let looks = Arc::new(ReadAfterSend::default());
+        let read_half = LookingReader::new(read_half, looks.clone());
         let reading = tokio::spawn(async move {
             let mut r = BufReader::with_capacity(IO_BUFFER, read_half);
             let death = reader.run(&mut r).await;
@@ -214,7 +222,8 @@ impl TcpConnection {
             // Every SEND is written into the socket (or queued for the writer, which does so).
             copied_sends: u32::MAX,
         };
-        TcpConnection { soft, push, out, direct_unpolled: false, info }
+        let look_policy = LookPolicy::new(ours.tcp_read_after_send);
+        TcpConnection { soft, push, out, direct_unpolled: false, looks, look_policy, info }
     }
 
     /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the
@@ -243,8 +252,11 @@ impl TcpConnection {
         // only if the writer takes it after all.
         self.soft.begin_direct_sends(1)?;
         let soft = &self.soft;
+        // Timed: a write the peer answered within is followed by a look (`read_after_send.rs`).
+        let began = Instant::now();
         if let Direct::Written = self.out.send_now(msg, || soft.record_direct_send(wr_id)) {
             self.direct_unpolled = true;
+            self.look_policy.after_send(began.elapsed(), &self.looks);
             match done {
                 Some(done) => done.push((wr_id, Ok(()))),
                 None => soft.complete_direct_send(wr_id),
@@ -392,6 +404,7 @@ impl Connection for TcpConnection {
     fn counters(&self) -> TransportCounters {
         let mut counters = self.soft.counters();
         counters.send_posts = self.out.writes();
+        (counters.tcp_looks, counters.tcp_looks_found) = self.looks.looks();
         counters
     }
 

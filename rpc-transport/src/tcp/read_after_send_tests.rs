@@ -1,0 +1,171 @@
+//! The look after a SEND: when the policy asks for one (deterministic, told each write's time),
+//! and what the reader's look reads from a real loopback socket.
+
+use std::sync::atomic::AtomicUsize;
+use std::task::Waker;
+
+use futures::task::ArcWake;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+const US: Duration = Duration::from_micros(1);
+
+/// Feeds `n` SENDs that each took `took`; returns how many asked for a look. Each look is
+/// answered at once as `found` says (as the reader would record it).
+fn sends(policy: &mut LookPolicy, shared: &ReadAfterSend, n: u32, took: Duration, found: bool) -> u32 {
+    let mut asked = 0;
+    for _ in 0..n {
+        if policy.after_send(took, shared) {
+            assert!(shared.take_ask(), "a look asked for is pending for the reader");
+            shared.record(found);
+            asked += 1;
+        }
+    }
+    asked
+}
+
+/// A window of SENDs whose first write is fast (4 us) and the others slow (10 us); returns the
+/// looks asked for.
+fn window(policy: &mut LookPolicy, shared: &ReadAfterSend, found: bool) -> u32 {
+    sends(policy, shared, 1, 4 * US, found) + sends(policy, shared, WINDOW - 1, 10 * US, found)
+}
+
+#[test]
+fn no_look_before_a_window_of_writes_is_timed() {
+    let (mut policy, shared) = (LookPolicy::new(true), ReadAfterSend::default());
+    assert_eq!(sends(&mut policy, &shared, WINDOW - 1, 100 * US, true), 0);
+    assert!(!shared.take_ask());
+}
+
+#[test]
+fn a_write_twice_the_window_fastest_asks_for_a_look() {
+    let (mut policy, shared) = (LookPolicy::new(true), ReadAfterSend::default());
+    // A window of 4 us writes, and one of 3 us: the floor is 3 us.
+    assert_eq!(sends(&mut policy, &shared, WINDOW - 1, 4 * US, true), 0);
+    assert_eq!(sends(&mut policy, &shared, 1, 3 * US, true), 0);
+    assert_eq!(sends(&mut policy, &shared, 10, 5 * US, true), 0, "below 2 x 3 us");
+    assert_eq!(sends(&mut policy, &shared, 10, 6 * US, true), 10, "at 2 x 3 us");
+    assert_eq!(sends(&mut policy, &shared, 10, 11 * US, true), 10);
+    assert_eq!(shared.looks(), (20, 20));
+}
+
+#[test]
+fn the_floor_is_the_last_window_fastest() {
+    let (mut policy, shared) = (LookPolicy::new(true), ReadAfterSend::default());
+    assert_eq!(sends(&mut policy, &shared, WINDOW, 4 * US, true), 0);
+    // The second window's writes are all slower (the host became slower): 10 us each. They
+    // look while the floor is the first window's 4 us...
+    assert_eq!(sends(&mut policy, &shared, WINDOW - 1, 10 * US, true), WINDOW - 1);
+    // ...and its last ends the window: the floor is 10 us, and 10 us writes look no more.
+    assert_eq!(sends(&mut policy, &shared, 1, 10 * US, true), 0);
+    assert_eq!(sends(&mut policy, &shared, 100, 10 * US, true), 0);
+    assert_eq!(sends(&mut policy, &shared, 1, 20 * US, true), 1);
+}
+
+#[test]
+fn looks_that_mostly_miss_pause_one_window_then_two_then_four() {
+    let (mut policy, shared) = (LookPolicy::new(true), ReadAfterSend::default());
+    assert_eq!(sends(&mut policy, &shared, WINDOW, 4 * US, true), 0);
+    // Most SENDs slow (something else runs in our writes), and no look finds anything.
+    let windows: Vec<u32> = (0..12).map(|_| window(&mut policy, &shared, false)).collect();
+    // A window of misses (all its SENDs but the last, which ends it and sets the pause), a pause
+    // of one window, a window of misses, a pause of two, one of misses, a pause of four, ...
+    let w = WINDOW - 2;
+    assert_eq!(windows, [w, 0, w, 0, 0, w, 0, 0, 0, 0, w, 0]);
+    // Looks that find again: the pause's length starts over at one window.
+    let (mut policy, shared) = (LookPolicy::new(true), ReadAfterSend::default());
+    sends(&mut policy, &shared, WINDOW, 4 * US, true);
+    let mut pattern = Vec::new();
+    for found in [false, false, false, false, false, true, false, false] {
+        pattern.push(window(&mut policy, &shared, found));
+    }
+    // miss (pause 1), paused, miss (pause 2), paused, paused, found (the pause's length back to
+    // one window), miss (a pause of one window, not four), paused.
+    assert_eq!(pattern, [w, 0, w, 0, 0, w, w, 0]);
+}
+
+#[test]
+fn a_pause_grows_to_its_bound() {
+    let (mut policy, shared) = (LookPolicy::new(true), ReadAfterSend::default());
+    sends(&mut policy, &shared, WINDOW, 4 * US, true);
+    // Pauses of 1 + 2 + 4 + ... + 64 + 64 windows, each after a window of misses, and the window
+    // of misses that ends the last.
+    let mut paused_runs = Vec::new();
+    let mut run = 0;
+    for _ in 0..(1 + 2 + 4 + 8 + 16 + 32 + 64 + 64 + 8 + 1) {
+        if window(&mut policy, &shared, false) == 0 {
+            run += 1;
+        } else if run > 0 {
+            paused_runs.push(run);
+            run = 0;
+        }
+    }
+    assert_eq!(paused_runs, [1, 2, 4, 8, 16, 32, 64, 64]);
+}
+
+#[test]
+fn disabled_never_asks() {
+    let (mut policy, shared) = (LookPolicy::new(false), ReadAfterSend::default());
+    assert_eq!(sends(&mut policy, &shared, WINDOW, 4 * US, true), 0);
+    assert_eq!(sends(&mut policy, &shared, WINDOW, 100 * US, true), 0);
+    assert_eq!(shared.looks(), (0, 0));
+}
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl ArcWake for Count {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ours, theirs) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    (ours.unwrap(), theirs.unwrap().0)
+}
+
+fn poll_read(reader: &mut LookingReader, waker: &Waker, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+    let mut read = ReadBuf::new(buf);
+    Pin::new(reader).poll_read(&mut Context::from_waker(waker), &mut read).map_ok(|()| read.filled().len())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
+    let (ours, mut theirs) = pair().await;
+    let shared = Arc::new(ReadAfterSend::default());
+    let mut reader = LookingReader::new(ours.into_split().0, shared.clone());
+    let count = Arc::new(Count::default());
+    let waker = futures::task::waker(count.clone());
+    let mut buf = [0u8; 64];
+
+    // Nothing there: a look finds nothing, counted, and the reader waits with its waker left.
+    shared.ask();
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!(shared.looks(), (1, 0));
+    // An ask wakes the waiting reader (once, however many asks before its next poll).
+    shared.ask();
+    shared.ask();
+    assert_eq!(count.0.load(Ordering::SeqCst), 1);
+
+    // The peer's bytes lie in our socket once its write returns (loopback delivers within the
+    // write). The asked look reads them at this very poll, with no turn of the runtime's I/O
+    // driver in between.
+    theirs.write_all(b"the answer").await.unwrap();
+    match poll_read(&mut reader, &waker, &mut buf) {
+        Poll::Ready(Ok(n)) => assert_eq!(&buf[..n], b"the answer"),
+        other => panic!("the look did not read the answer: {other:?}"),
+    }
+    assert_eq!(shared.looks(), (2, 1));
+
+    // The peer closes: a look finds the end of the stream.
+    drop(theirs);
+    shared.ask();
+    assert!(matches!(poll_read(&mut reader, &waker, &mut buf), Poll::Ready(Ok(0))));
+    assert_eq!(shared.looks(), (3, 2));
+}
