@@ -45,7 +45,7 @@ mod writer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::BufReader;
@@ -60,7 +60,7 @@ use crate::{
 use handshake::PeerHello;
 use outbox::{Direct, Outbox};
 use push::{Lookup, Push, PushPool};
-use read_after_send::{LookPolicy, LookingReader, ReadAfterSend};
+use read_after_send::{stamp, LookPolicy, LookingReader, ReadAfterSend};
 use writer::Outgoing;
 
 pub use listener::listen;
@@ -253,10 +253,10 @@ impl TcpConnection {
         self.soft.begin_direct_sends(1)?;
         let soft = &self.soft;
         // Timed: a write the peer answered within is followed by a look (`read_after_send.rs`).
-        let began = Instant::now();
+        let began = stamp();
         if let Direct::Written = self.out.send_now(msg, || soft.record_direct_send(wr_id)) {
             self.direct_unpolled = true;
-            self.look_policy.after_send(began.elapsed(), &self.looks);
+            self.look_policy.after_send(stamp().wrapping_sub(began), &self.looks);
             match done {
                 Some(done) => done.push((wr_id, Ok(()))),
                 None => soft.complete_direct_send(wr_id),

@@ -10,7 +10,7 @@
 //!
 //! A look that finds nothing costs a `recv` system call, so a SEND is followed by one only when
 //! its write took at least [`SLOW_FACTOR`] times the fastest write of the last [`WINDOW`]
-//! SENDs: a write that long had the peer (or something) run inside it. Measured on a 2-vCPU KVM
+//! SENDs (timed with [`stamp`]: only ratios count, so no unit is needed): a write that long had the peer (or something) run inside it. Measured on a 2-vCPU KVM
 //! guest with both processes on one vCPU (BENCHMARKS.md, session 63): writes that returned with
 //! the answer waiting took 10.5 us or more, the others 4 to 8 us; the rule looked after 43% of
 //! SENDs, and 99.7% of its looks found the answer. A write slowed by something else (another
@@ -28,19 +28,39 @@ use std::io::{self, Read};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
+use std::task::{Context, Poll, Waker};
+#[cfg(not(target_arch = "x86_64"))]
+use std::{sync::OnceLock, time::Instant};
 
 use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::tcp::OwnedReadHalf;
 
 /// A SEND whose write took this many times the window's fastest is followed by a look.
-pub(crate) const SLOW_FACTOR: u32 = 2;
+pub(crate) const SLOW_FACTOR: u64 = 2;
 /// SENDs over which the fastest write is taken (and looks' outcomes weighed).
 pub(crate) const WINDOW: u32 = 256;
 /// The longest pause of looks, in windows, after windows whose looks mostly missed.
 pub(crate) const MAX_PAUSE: u32 = 64;
+
+/// A reading of a fast clock, in a unit of its own: only ratios of differences between readings
+/// are used. On x86_64 the time-stamp counter (tens of cycles, no conversion: two readings and
+/// their difference cost ~10 instructions, against ~110 for `Instant::now` twice and
+/// `elapsed`); elsewhere nanoseconds of the monotonic clock.
+#[inline]
+pub(crate) fn stamp() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` exists on every x86_64 CPU; it reads the time-stamp counter into
+        // registers and touches no memory.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
 
 /// What the sending side and the reader task share.
 #[derive(Debug, Default)]
@@ -81,14 +101,14 @@ impl ReadAfterSend {
 }
 
 /// When a SEND is followed by a look: the sending side's state, owned by the connection (no I/O,
-/// no clock: it is told how long each write took).
+/// no clock: it is told how long each write took, in [`stamp`]'s unit).
 #[derive(Debug)]
 pub(crate) struct LookPolicy {
     enabled: bool,
     /// The fastest write of the last full window (`None` before the first).
-    floor: Option<Duration>,
+    floor: Option<u64>,
     /// The fastest write of this window so far.
-    window_min: Duration,
+    window_min: u64,
     /// SENDs in this window so far.
     window_sends: u32,
     /// The shared counters `(looks, found)` when this window began.
@@ -103,7 +123,7 @@ impl LookPolicy {
         LookPolicy {
             enabled,
             floor: None,
-            window_min: Duration::MAX,
+            window_min: u64::MAX,
             window_sends: 0,
             window_start: (0, 0),
             paused: 0,
@@ -113,7 +133,7 @@ impl LookPolicy {
 
     /// A SEND's write returned after `took`: asks `shared`'s reader for a look if the rule says so.
     /// Returns whether it did.
-    pub(crate) fn after_send(&mut self, took: Duration, shared: &ReadAfterSend) -> bool {
+    pub(crate) fn after_send(&mut self, took: u64, shared: &ReadAfterSend) -> bool {
         if !self.enabled {
             return false;
         }
@@ -124,7 +144,8 @@ impl LookPolicy {
             self.end_window(shared.looks());
             return false;
         }
-        let look = self.paused == 0 && self.floor.is_some_and(|floor| took >= floor * SLOW_FACTOR);
+        let look =
+            self.paused == 0 && self.floor.is_some_and(|floor| took >= floor.saturating_mul(SLOW_FACTOR));
         if look {
             shared.ask();
         }
@@ -144,7 +165,7 @@ impl LookPolicy {
         } else if window_looks > 0 {
             self.next_pause = 1;
         }
-        self.window_min = Duration::MAX;
+        self.window_min = u64::MAX;
         self.window_sends = 0;
         self.window_start = (looks, found);
     }
@@ -156,11 +177,14 @@ impl LookPolicy {
 pub(crate) struct LookingReader {
     half: OwnedReadHalf,
     shared: Arc<ReadAfterSend>,
+    /// The waker last left in `shared` (an ask takes it from there): left again only when it
+    /// changes or an ask took it, not at every poll (two atomic updates each).
+    left: Option<Waker>,
 }
 
 impl LookingReader {
     pub(crate) fn new(half: OwnedReadHalf, shared: Arc<ReadAfterSend>) -> Self {
-        LookingReader { half, shared }
+        LookingReader { half, shared, left: None }
     }
 }
 
@@ -168,6 +192,8 @@ impl AsyncRead for LookingReader {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         if me.shared.take_ask() {
+            // The ask took the waker left in `shared` (it sets the flag only as it does).
+            me.left = None;
             let sock = socket2::SockRef::from(me.half.as_ref());
             // The socket is non-blocking (tokio made it so): this read returns at once.
             match (&*sock).read(buf.initialize_unfilled()) {
@@ -181,8 +207,11 @@ impl AsyncRead for LookingReader {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        // Registered before the readiness poll: an ask after it wakes this task.
-        me.shared.reader.register(cx.waker());
+        // Left before the readiness poll: an ask after it wakes this task.
+        if !me.left.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            me.shared.reader.register(cx.waker());
+            me.left = Some(cx.waker().clone());
+        }
         Pin::new(&mut me.half).poll_read(cx, buf)
     }
 }

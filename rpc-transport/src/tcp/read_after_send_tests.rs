@@ -10,11 +10,12 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 
-const US: Duration = Duration::from_micros(1);
+/// One microsecond, in a unit of the tests' own ([`stamp`]'s unit is not fixed either).
+const US: u64 = 1000;
 
 /// Feeds `n` SENDs that each took `took`; returns how many asked for a look. Each look is
 /// answered at once as `found` says (as the reader would record it).
-fn sends(policy: &mut LookPolicy, shared: &ReadAfterSend, n: u32, took: Duration, found: bool) -> u32 {
+fn sends(policy: &mut LookPolicy, shared: &ReadAfterSend, n: u32, took: u64, found: bool) -> u32 {
     let mut asked = 0;
     for _ in 0..n {
         if policy.after_send(took, shared) {
@@ -162,10 +163,24 @@ async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
         other => panic!("the look did not read the answer: {other:?}"),
     }
     assert_eq!(shared.looks(), (2, 1));
+    // The reader waits again: the next ask wakes it too (the look's ask took the waker; the
+    // reader left it again).
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    shared.ask();
+    assert_eq!(count.0.load(Ordering::SeqCst), 2);
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!(shared.looks(), (3, 1));
+    // Polls with the same waker and no ask leave it once: an ask still wakes the reader.
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    shared.ask();
+    assert_eq!(count.0.load(Ordering::SeqCst), 3);
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!(shared.looks(), (4, 1));
 
     // The peer closes: a look finds the end of the stream.
     drop(theirs);
     shared.ask();
     assert!(matches!(poll_read(&mut reader, &waker, &mut buf), Poll::Ready(Ok(0))));
-    assert_eq!(shared.looks(), (3, 2));
+    assert_eq!(shared.looks(), (5, 2));
 }
