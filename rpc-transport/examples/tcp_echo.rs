@@ -15,7 +15,7 @@ use std::future::poll_fn;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rpc_transport::{Buf, Completion, ConnParams, Connection, RegionDesc, TransportError};
+use rpc_transport::{Buf, Completion, ConnParams, Connection, RegionDesc, TcpSettings, TransportError};
 
 fn encode(d: &RegionDesc) -> Bytes {
     let mut out = Vec::with_capacity(20);
@@ -65,7 +65,7 @@ async fn read(conn: &mut dyn Connection, remote: RegionDesc) -> Result<Buf, Tran
 
 /// Calls per second of echo of `size` bytes for `secs`, with the given push window on both sides.
 async fn measure(size: usize, secs: f64, push_window: u64) -> Result<f64, TransportError> {
-    let params = ConnParams { tcp_push_window: push_window, ..ConnParams::default() };
+    let params = ConnParams { tcp: TcpSettings::default().push_window(push_window), ..ConnParams::default() };
     let addr = "tcp://127.0.0.1:0".parse().expect("address");
     let mut listener = rpc_transport::listen(&addr, params.clone()).await?;
     let addr = listener.local_addr();

@@ -38,7 +38,7 @@
 //! * [`tcp`]: for hosts without RDMA NICs. SEND is a framed message; READ is served by the peer's
 //!   transport from its registered regions after checking key, bounds and registration, or from
 //!   the region's bytes the peer pushed at registration, within a window the reader announced
-//!   ([`ConnParams::tcp_push_window`]).
+//!   ([`TcpSettings::push_window`]).
 //! * `rdma` (cargo feature `rdma`): verbs through `sideway`; `rdma::inspect_devices` reports every
 //!   device's ports, GIDs and limits as the plain types of [`device_report`] (which, with the rules
 //!   that read them, exist without the feature too).
@@ -69,6 +69,7 @@ mod send_buf;
 mod soft;
 mod take_each;
 pub mod tcp;
+mod tcp_settings;
 
 pub use address::{connect, listen, Address};
 pub use error::{Detail, ReadError, SharedError, TransportError};
@@ -77,6 +78,7 @@ pub use received::Received;
 pub use send_buf::{Head, SendBuf, MAX_HEAD};
 #[doc(hidden)] // for rpc-core's driver; not part of the seam
 pub use take_each::take_each;
+pub use tcp_settings::TcpSettings;
 
 /// A boxed, `Send` future, as returned by the object-safe parts of the seam.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -136,43 +138,9 @@ pub struct ConnParams {
     /// receives each (rdma), plus the set-up connections waiting for [`Listener::accept`]
     /// (tcp, rdma: up to 64 more; mem: its accept queue holds this many).
     pub max_pending_handshakes: usize,
-    /// tcp only: `SO_KEEPALIVE` on every stream (both sides), so that a peer that vanishes
-    /// without a FIN (host down, cable cut) is detected by the kernel. `Some(idle)`: the first
-    /// probe after `idle` without traffic, then one every `max(idle / 5, 1 s)`; after 3
-    /// unanswered probes the connection fails with `Disconnected`; `TCP_USER_TIMEOUT` is set to
-    /// the same total, so data of ours left unacknowledged that long fails it too. Default
-    /// `Some(10 s)`, i.e. a dead peer is found within about 16 s of silence. Cost: a probe of
-    /// ~60 bytes per idle interval per idle connection. `None` leaves keepalive and the user
-    /// timeout off. (Liveness of a peer whose host is up but whose process hangs is the
-    /// protocol's keepalive's job.)
-    pub tcp_keepalive: Option<std::time::Duration>,
-    /// tcp only: how many bytes of pushed regions this side accepts to hold at once, announced
-    /// to the peer in the hello. When the peer registers a region whose whole length fits the
-    /// window it has left, its transport sends the bytes right away, ahead of the frame that
-    /// advertises the region, and our READ of exactly that region completes from them without a
-    /// round trip (see the `tcp` module). Bytes come back to the window when read, or dropped
-    /// when the peer revokes the region; a peer that pushes beyond the window fails the connection as
-    /// `Malformed`. Default 32 MiB (a 16 MiB payload with its encoding fits). Memory cost: up to
-    /// this many bytes per connection, held by the transport for regions the peer registered and
-    /// we have not read yet, on top of what the protocol above budgets for its READs, plus one
-    /// idle buffer of at most this size kept for the next push; a listener's connections hold at
-    /// most [`ConnParams::tcp_push_listener_total`] together. 0 disables pushing to this side
-    /// (every READ then goes to the peer).
-    pub tcp_push_window: u64,
-    /// tcp listeners only: pushed bytes (see [`ConnParams::tcp_push_window`]) that all the
-    /// connections accepted by the listener hold at once, together. A push beyond it is read
-    /// off the socket and discarded, its window handed back at once, and the READ of its region
-    /// goes to the peer as if it had not been pushed. Default 256 MiB. Memory cost: at most this
-    /// many bytes over the listener's connections (each also at most its `tcp_push_window`).
-    pub tcp_push_listener_total: u64,
-    /// tcp only: a SEND written by the caller whose write took at least twice the fastest of the
-    /// last 256 is followed by one read of the socket, whatever the runtime's readiness says. A
-    /// write that long usually had the peer run inside it (both on one CPU) and answer: the
-    /// answer is then read without a wait for readiness (an `epoll_wait` system call and a turn
-    /// of the runtime's I/O driver). Looks that mostly find nothing pause themselves. Default
-    /// `true`. Cost: two clock readings per SEND the caller writes, and a `recv` system call per
-    /// look that finds nothing. Counted in [`TransportCounters::tcp_looks`].
-    pub tcp_read_after_send: bool,
+    /// Settings of the tcp backend (ignored by `mem` and `rdma`): keepalive, push window,
+    /// the look after a SEND. Default [`TcpSettings::default`].
+    pub tcp: TcpSettings,
     /// Bounds of the connection's memory pool ([`Connection::pool`]): default 256 MiB kept for
     /// reuse, of which at most 64 MiB of large buffers idle. On `rdma` this memory is pinned
     /// (registered); an idle connection that once moved large payloads keeps up to
@@ -256,13 +224,10 @@ impl Default for ConnParams {
             private_data: Bytes::new(),
             handshake_timeout: std::time::Duration::from_secs(5),
             max_pending_handshakes: 64,
-            tcp_keepalive: Some(std::time::Duration::from_secs(10)),
+            tcp: TcpSettings::default(),
             pool: PoolLimits::default(),
             key_policy: KeyPolicy::PoolKeys,
             rdma: RdmaSettings::default(),
-            tcp_push_window: 32 << 20,
-            tcp_push_listener_total: 256 << 20,
-            tcp_read_after_send: true,
         }
     }
 }
@@ -485,7 +450,7 @@ pub struct TransportCounters {
     /// that posted SENDs (mem). Fewer than `sends` when SENDs leave in batches.
     pub send_posts: u64,
     /// tcp: looks at the socket right after a SEND whose write took long (see
-    /// [`ConnParams::tcp_read_after_send`]), and those that found bytes from the peer.
+    /// [`TcpSettings::read_after_send`]).
     pub tcp_looks: u64,
     /// tcp: looks that found bytes (or the end of the stream).
     pub tcp_looks_found: u64,

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
-use rpc_transport::{tcp, Address, Completion, ConnParams, Connection, Listener, ReadError, TransportError};
+use rpc_transport::{
+    tcp, Address, Completion, ConnParams, Connection, Listener, ReadError, TcpSettings, TransportError,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -232,7 +234,7 @@ fn push_frame(rkey: u32, addr: u64, len: u64, data: &[u8]) -> Vec<u8> {
 /// end fails `Malformed` before it allocates the payload, and closes the socket.
 #[tokio::test]
 async fn push_beyond_the_granted_window_fails_the_connection() {
-    let params = ConnParams { tcp_push_window: 64, ..ConnParams::default() };
+    let params = ConnParams { tcp: TcpSettings::default().push_window(64), ..ConnParams::default() };
     let cases: [(&str, Vec<u8>); 3] = [
         ("one push over the window", push_frame(1, 0x1000, 65, &[7; 65])),
         ("a huge push", push_frame(1, 0x1000, u64::MAX, &[])),
@@ -255,7 +257,7 @@ async fn push_beyond_the_granted_window_fails_the_connection() {
 /// not, and neither is handing back a region the server never pushed.
 #[tokio::test]
 async fn pushing_a_held_key_twice_or_handing_back_unused_window_fails_the_connection() {
-    let params = ConnParams { tcp_push_window: 64, ..ConnParams::default() };
+    let params = ConnParams { tcp: TcpSettings::default().push_window(64), ..ConnParams::default() };
     let mut window_back = vec![6u8];
     window_back.extend_from_slice(&7u32.to_le_bytes());
     window_back.extend_from_slice(&1u64.to_le_bytes());

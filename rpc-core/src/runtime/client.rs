@@ -417,7 +417,8 @@ async fn open(
     addr: &Address,
     config: &ClientConfig,
 ) -> Result<(Arc<Conn>, oneshot::Receiver<()>, String), ConnectError> {
-    let connecting = rpc_transport::connect(addr, handshake::conn_params(&config.proto, &config.rdma));
+    let connecting =
+        rpc_transport::connect(addr, handshake::conn_params(&config.proto, &config.rdma, &config.tcp));
     let conn = tokio::time::timeout(config.connect_timeout, connecting)
         .await
         .map_err(|_| ConnectError::Timeout(config.connect_timeout))??;

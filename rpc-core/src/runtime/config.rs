@@ -25,6 +25,11 @@ pub struct ClientConfig {
     /// port 1, GID index 1, no busy-polling. Each `RPC_RDMA_*` environment variable, when set,
     /// overrides its field.
     pub rdma: rpc_transport::RdmaSettings,
+    /// The tcp backend's settings for `tcp://` addresses: keepalive, push window, the look at
+    /// the socket after a SEND (see [`rpc_transport::TcpSettings`], each field's default and
+    /// cost). Default [`rpc_transport::TcpSettings::default`]: keepalive after 10 s idle, a
+    /// 32 MiB push window, looks on.
+    pub tcp: rpc_transport::TcpSettings,
     /// A call made while no other is in flight on its connection does the connection driver's
     /// work in the calling task: it posts its request at once and polls the connection while it
     /// waits, with no queue and no task in between. Over rdma the caller stops as soon as it
@@ -61,6 +66,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(10),
             reconnect: None,
             rdma: rpc_transport::RdmaSettings::default(),
+            tcp: rpc_transport::TcpSettings::default(),
             caller_drives: true,
             timer_thread: true,
         }
@@ -106,6 +112,11 @@ impl ClientConfig {
     /// Sets [`ClientConfig::rdma`].
     pub fn rdma(mut self, settings: rpc_transport::RdmaSettings) -> Self {
         self.rdma = settings;
+        self
+    }
+    /// Sets [`ClientConfig::tcp`].
+    pub fn tcp(mut self, settings: rpc_transport::TcpSettings) -> Self {
+        self.tcp = settings;
         self
     }
     /// Sets [`ClientConfig::proto`].
@@ -180,6 +191,10 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// The verbs backend's settings for `rdma://` addresses (see [`ClientConfig::rdma`]).
     pub rdma: rpc_transport::RdmaSettings,
+    /// The tcp backend's settings for `tcp://` addresses (see [`ClientConfig::tcp`]); the
+    /// listener's [`rpc_transport::TcpSettings::push_listener_total`] bounds what its
+    /// connections' peers push, together (default 256 MiB).
+    pub tcp: rpc_transport::TcpSettings,
     /// Which handlers have their first poll in the connection's driver rather than in a task.
     /// Default [`InlineHandlers::Marked`]: those of methods marked `#[rpc(inline)]` in the
     /// `#[service]` trait ([`MethodDesc::inline`](crate::MethodDesc::inline)); every other
@@ -259,6 +274,7 @@ impl Default for ServerConfig {
             max_pending_handshakes: 64,
             shutdown_timeout: Duration::from_secs(30),
             rdma: rpc_transport::RdmaSettings::default(),
+            tcp: rpc_transport::TcpSettings::default(),
             inline_handlers: InlineHandlers::Marked,
             inline_stall: Some(Duration::from_millis(1)),
             timer_thread: true,
@@ -315,6 +331,11 @@ impl ServerConfig {
     /// Sets [`ServerConfig::rdma`].
     pub fn rdma(mut self, settings: rpc_transport::RdmaSettings) -> Self {
         self.rdma = settings;
+        self
+    }
+    /// Sets [`ServerConfig::tcp`].
+    pub fn tcp(mut self, settings: rpc_transport::TcpSettings) -> Self {
+        self.tcp = settings;
         self
     }
     /// Sets [`ServerConfig::inline_handlers`].

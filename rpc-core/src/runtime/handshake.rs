@@ -8,8 +8,12 @@ use crate::error::ConnectError;
 use crate::proto::{Hello, PeerLimits, ProtoConfig, SPARE_RECEIVES};
 
 /// Transport parameters for a connection with this protocol config: `recv_depth` receives for
-/// the peer's credits, and the spare.
-pub(crate) fn conn_params(proto: &ProtoConfig, rdma: &rpc_transport::RdmaSettings) -> ConnParams {
+/// the peer's credits, and the spare; the backends' settings as given.
+pub(crate) fn conn_params(
+    proto: &ProtoConfig,
+    rdma: &rpc_transport::RdmaSettings,
+    tcp: &rpc_transport::TcpSettings,
+) -> ConnParams {
     ConnParams {
         recv_depth: proto.recv_depth.saturating_add(SPARE_RECEIVES),
         recv_size: proto.recv_size(),
@@ -17,6 +21,7 @@ pub(crate) fn conn_params(proto: &ProtoConfig, rdma: &rpc_transport::RdmaSetting
         pool: proto.pool,
         key_policy: proto.key_policy,
         rdma: rdma.clone(),
+        tcp: tcp.clone(),
         ..ConnParams::default()
     }
 }
@@ -26,7 +31,7 @@ pub(crate) fn listen_params(config: &ServerConfig) -> ConnParams {
     ConnParams {
         handshake_timeout: config.handshake_timeout,
         max_pending_handshakes: config.max_pending_handshakes,
-        ..conn_params(&config.proto, &config.rdma)
+        ..conn_params(&config.proto, &config.rdma, &config.tcp)
     }
 }
 

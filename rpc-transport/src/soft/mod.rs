@@ -107,7 +107,7 @@ pub(crate) fn validate_params(p: &ConnParams) -> Result<(), TransportError> {
     check_setup_bounds(p).map_err(TransportError::Handshake)
 }
 
-/// Checks `handshake_timeout`, `max_pending_handshakes` and `tcp_keepalive` (all backends).
+/// Checks `handshake_timeout`, `max_pending_handshakes` and `tcp.keepalive` (all backends).
 pub(crate) fn check_setup_bounds(p: &ConnParams) -> Result<(), String> {
     if p.handshake_timeout.is_zero() {
         return Err("handshake_timeout must be positive".into());
@@ -115,8 +115,8 @@ pub(crate) fn check_setup_bounds(p: &ConnParams) -> Result<(), String> {
     if p.max_pending_handshakes == 0 {
         return Err("max_pending_handshakes must be at least 1".into());
     }
-    if p.tcp_keepalive.is_some_and(|idle| idle < std::time::Duration::from_secs(1)) {
-        return Err("tcp_keepalive must be at least 1 s (the kernel counts whole seconds)".into());
+    if p.tcp.keepalive.is_some_and(|idle| idle < std::time::Duration::from_secs(1)) {
+        return Err("tcp.keepalive must be at least 1 s (the kernel counts whole seconds)".into());
     }
     Ok(())
 }

@@ -47,7 +47,7 @@ pub fn tcp_encode_hello(recv_depth: u32, recv_size: u32, push_window: u64, priva
     let params = ConnParams {
         recv_depth,
         recv_size,
-        tcp_push_window: push_window,
+        tcp: crate::TcpSettings { push_window, ..crate::TcpSettings::default() },
         private_data: Bytes::copy_from_slice(private_data),
         ..ConnParams::default()
     };

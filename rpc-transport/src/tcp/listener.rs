@@ -71,7 +71,7 @@ type AwaitingHello = Arc<Mutex<VecDeque<(u64, AbortHandle)>>>;
 
 async fn accept_loop(socket: TcpListener, params: ConnParams, ready: mpsc::Sender<Box<dyn Connection>>) {
     let handshakes = Arc::new(Semaphore::new(params.max_pending_handshakes));
-    let push_pool = PushPool::new(params.tcp_push_listener_total);
+    let push_pool = PushPool::new(params.tcp.push_listener_total);
     let awaiting: AwaitingHello = Arc::default();
     let mut next_id = 0u64;
     loop {

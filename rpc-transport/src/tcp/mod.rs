@@ -15,10 +15,10 @@
 //! allocates anything for the connection, handshakes are bounded in number
 //! ([`crate::ConnParams::max_pending_handshakes`]) and time
 //! ([`crate::ConnParams::handshake_timeout`]), and every stream gets `SO_KEEPALIVE`
-//! ([`crate::ConnParams::tcp_keepalive`]).
+//! ([`crate::TcpSettings::keepalive`]).
 //!
 //! Push (see `push.rs`): a region registered on a connection whose peer announced a push
-//! window ([`crate::ConnParams::tcp_push_window`]) is sent to the peer at once if its whole
+//! window ([`crate::TcpSettings::push_window`]) is sent to the peer at once if its whole
 //! length fits what is left of that window, ahead of the frame that advertises it; the peer's
 //! READ of exactly that region then completes from those bytes, with no round trip. Keys and
 //! bounds keep their meaning: any other READ goes to the owner, and a revoked region's pushed
@@ -106,7 +106,7 @@ async fn accept_stream(
 /// Socket options of every connection: no Nagle delay, and `SO_KEEPALIVE` as configured.
 fn configure(stream: &TcpStream, params: &ConnParams) -> Result<(), TransportError> {
     stream.set_nodelay(true)?;
-    if let Some(idle) = params.tcp_keepalive {
+    if let Some(idle) = params.tcp.keepalive {
         let sock = socket2::SockRef::from(stream);
         sock.set_tcp_keepalive(&keepalive(idle))?;
         // Keepalive probes are not sent while our data waits for an ACK; the user timeout gives
@@ -123,7 +123,7 @@ fn configure(stream: &TcpStream, params: &ConnParams) -> Result<(), TransportErr
 /// Probes sent by a silent connection before it is declared dead.
 const KEEPALIVE_PROBES: u32 = 3;
 
-/// The keepalive of [`ConnParams::tcp_keepalive`]: first probe after `idle`, then one every
+/// The keepalive of [`crate::TcpSettings::keepalive`]: first probe after `idle`, then one every
 /// `max(idle / 5, 1 s)`, [`KEEPALIVE_PROBES`] of them.
 fn keepalive(idle: Duration) -> socket2::TcpKeepalive {
     socket2::TcpKeepalive::new()
@@ -170,7 +170,7 @@ impl TcpConnection {
         peer: SocketAddr,
         push_pool: Option<Arc<PushPool>>,
     ) -> Self {
-        let push = Arc::new(Push::new(ours.tcp_push_window, hello.push_window, push_pool));
+        let push = Arc::new(Push::new(ours.tcp.push_window, hello.push_window, push_pool));
         let (read_half, write_half) = stream.into_split();
         let (out, out_rx) = Outbox::new(Some(write_half));
 
@@ -222,7 +222,7 @@ impl TcpConnection {
             // Every SEND is written into the socket (or queued for the writer, which does so).
             copied_sends: u32::MAX,
         };
-        let look_policy = LookPolicy::new(ours.tcp_read_after_send);
+        let look_policy = LookPolicy::new(ours.tcp.read_after_send);
         TcpConnection { soft, push, out, direct_unpolled: false, looks, look_policy, info }
     }
 

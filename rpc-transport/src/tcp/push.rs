@@ -23,7 +23,7 @@
 //! key and length) exactly once, as soon as its bytes are consumed or dropped.
 //!
 //! Memory: at most the window we announced is held for the peer; the connections of one
-//! listener together hold at most [`crate::ConnParams::tcp_push_listener_total`] (a push beyond
+//! listener together hold at most [`crate::TcpSettings::push_listener_total`] (a push beyond
 //! that is read off the socket and discarded, its window handed back at once, and its READ goes
 //! to the owner as if it had never been pushed). Pushed bytes are read off the socket into a
 //! buffer of the connection's pool, which a READ served from them hands to the caller as its

@@ -5,7 +5,7 @@ use std::future::poll_fn;
 use std::time::Duration;
 
 use super::*;
-use crate::ReadError;
+use crate::{ReadError, TcpSettings};
 
 /// A connected pair: (reader side, owner side), each with its own parameters.
 async fn pair(reader: ConnParams, owner: ConnParams) -> (TcpConnection, TcpConnection) {
@@ -13,7 +13,7 @@ async fn pair(reader: ConnParams, owner: ConnParams) -> (TcpConnection, TcpConne
     let addr = listener.local_addr().expect("local_addr");
     let accept = async {
         let (stream, peer) = listener.accept().await.expect("accept");
-        accept_stream(stream, &owner, peer, PushPool::new(owner.tcp_push_listener_total))
+        accept_stream(stream, &owner, peer, PushPool::new(owner.tcp.push_listener_total))
             .await
             .expect("server setup")
     };
@@ -22,7 +22,7 @@ async fn pair(reader: ConnParams, owner: ConnParams) -> (TcpConnection, TcpConne
 }
 
 fn window(bytes: u64) -> ConnParams {
-    ConnParams { tcp_push_window: bytes, ..ConnParams::default() }
+    ConnParams { tcp: TcpSettings::default().push_window(bytes), ..ConnParams::default() }
 }
 
 fn pattern(len: usize, seed: u8) -> Bytes {
@@ -211,7 +211,7 @@ async fn read_boxed(conn: &mut dyn Connection, remote: RegionDesc) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_listeners_connections_share_one_push_pool() {
-    let params = ConnParams { tcp_push_listener_total: 100, ..ConnParams::default() };
+    let params = ConnParams { tcp: TcpSettings::default().push_listener_total(100), ..ConnParams::default() };
     let mut l = listen("127.0.0.1:0".parse().unwrap(), params).await.expect("listen");
     let crate::Address::Tcp(addr) = l.local_addr() else { panic!("not tcp") };
     let mut a = connect(addr, ConnParams::default()).await.expect("connect a");

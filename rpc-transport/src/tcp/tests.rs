@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 
 use super::*;
 use crate::soft::pools_allocated;
-use crate::{Address, Listener};
+use crate::{Address, Listener, TcpSettings};
 
 /// What `configure` left on one stream, read back from the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,7 +141,7 @@ async fn the_connecting_side_posts_its_receives_before_its_hello_leaves() {
 #[tokio::test]
 async fn every_stream_gets_keepalive_on_both_sides() {
     let idle = Duration::from_secs(12);
-    let params = ConnParams { tcp_keepalive: Some(idle), ..ConnParams::default() };
+    let params = ConnParams { tcp: TcpSettings::default().keepalive(Some(idle)), ..ConnParams::default() };
     let (mut l, addr) = listener(params.clone()).await;
     let (client, server) = tokio::join!(connect(addr, params), l.accept());
     let (_client, _server) = (client.expect("connect"), server.expect("accept"));
@@ -159,7 +159,7 @@ async fn every_stream_gets_keepalive_on_both_sides() {
 
 #[tokio::test]
 async fn keepalive_can_be_turned_off() {
-    let params = ConnParams { tcp_keepalive: None, ..ConnParams::default() };
+    let params = ConnParams { tcp: TcpSettings::default().keepalive(None), ..ConnParams::default() };
     let (mut l, addr) = listener(params.clone()).await;
     let (client, server) = tokio::join!(connect(addr, params), l.accept());
     let (_client, _server) = (client.expect("connect"), server.expect("accept"));

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! `push_window` is how many pushed bytes (see PUSH below) the sender of the hello accepts to
-//! hold at once ([`crate::ConnParams::tcp_push_window`]; 0: never push to it).
+//! hold at once ([`crate::TcpSettings::push_window`]; 0: never push to it).
 //!
 //! Then frames, each a type byte and a fixed header, some followed by a payload:
 //!
@@ -62,7 +62,7 @@ pub(crate) fn encode_hello(params: &ConnParams) -> Vec<u8> {
     out.extend_from_slice(&(private.len() as u16).to_le_bytes());
     out.extend_from_slice(&params.recv_depth.to_le_bytes());
     out.extend_from_slice(&params.recv_size.to_le_bytes());
-    out.extend_from_slice(&params.tcp_push_window.to_le_bytes());
+    out.extend_from_slice(&params.tcp.push_window.to_le_bytes());
     out.extend_from_slice(private);
     out
 }
@@ -268,7 +268,7 @@ mod tests {
             recv_depth: 8,
             recv_size: 4096,
             private_data: Bytes::from_static(b"hi"),
-            tcp_push_window: 12345,
+            tcp: crate::TcpSettings { push_window: 12345, ..crate::TcpSettings::default() },
             ..ConnParams::default()
         };
         let hello = encode_hello(&params);
