@@ -100,7 +100,7 @@ impl Environment {
     /// One line for the top of a table.
     pub fn summary(&self) -> String {
         format!(
-            "# rpc-bench {} ({} build) | {} x {} | load {:.2} | {} | server: {} | {} | eager threshold {} B, recv depth {}, busy-poll {} us{}",
+            "# rpc-bench {} ({} build) | {} x {} | load {:.2} | {} | server: {} | {} | eager threshold {} B, recv depth {}, busy-poll {} us{}{}",
             self.harness,
             self.build,
             self.cpus,
@@ -113,6 +113,7 @@ impl Environment {
             self.proto.recv_depth,
             self.busy_poll_us,
             if self.proto.handlers_in_tasks { ", handlers in tasks" } else { "" },
+            if self.proto.no_tcp_look { ", no tcp look" } else { "" },
         )
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_core::codec::SharedBytes;
+use rpc_core::transport::TcpSettings;
 use rpc_core::{
     CallInfo, CallOptions, Client, ClientConfig, InlineHandlers, MethodId, ProtoConfig, ServerConfig,
 };
@@ -61,6 +62,10 @@ pub struct ProtoSettings {
     /// `ServerConfig`'s default, `InlineHandlers::Marked`, runs them there).
     #[arg(long)]
     pub handlers_in_tasks: bool,
+    /// tcp: no look at the socket after a SEND (`TcpSettings::read_after_send` off, both sides),
+    /// to measure what the look gives.
+    #[arg(long)]
+    pub no_tcp_look: bool,
     /// How long setting up a connection may take, in seconds: the client's connect timeout and
     /// the server's handshake timeout (rpc-core). Default: `ClientConfig`'s and
     /// `ServerConfig`'s (10 s and 5 s). Under valgrind in the VM, a set-up can take longer.
@@ -76,6 +81,7 @@ impl Default for ProtoSettings {
             recv_depth: d.recv_depth,
             max_in_flight: d.max_in_flight,
             handlers_in_tasks: false,
+            no_tcp_look: false,
             setup_timeout: None,
         }
     }
@@ -90,11 +96,17 @@ impl ProtoSettings {
             .max_in_flight(self.max_in_flight)
     }
 
+    /// The tcp backend's settings for these settings.
+    pub fn tcp(&self) -> TcpSettings {
+        TcpSettings::default().read_after_send(!self.no_tcp_look)
+    }
+
     /// The server config for these settings (handlers bounded high: the load decides).
     pub fn server_config(&self) -> ServerConfig {
         // The benchmark service's handlers answer at once, and its methods are marked so: with
         // `ServerConfig`'s default they run in the connection's driver, unless asked otherwise.
-        let mut config = ServerConfig::default().proto(self.proto()).max_concurrent_handlers(1 << 16);
+        let mut config =
+            ServerConfig::default().proto(self.proto()).tcp(self.tcp()).max_concurrent_handlers(1 << 16);
         if let Some(secs) = self.setup_timeout {
             config = config.handshake_timeout(Duration::from_secs(secs));
         }
@@ -116,6 +128,9 @@ impl ProtoSettings {
         ];
         if self.handlers_in_tasks {
             args.push("--handlers-in-tasks".into());
+        }
+        if self.no_tcp_look {
+            args.push("--no-tcp-look".into());
         }
         if let Some(secs) = self.setup_timeout {
             args.extend(["--setup-timeout".into(), secs.to_string()]);
@@ -200,7 +215,7 @@ impl Target for RpcTarget {
     type Prepared = RpcPrepared;
 
     async fn connect(addr: &str, settings: &ProtoSettings) -> Result<Self, BenchError> {
-        let mut config = ClientConfig::default().proto(settings.proto());
+        let mut config = ClientConfig::default().proto(settings.proto()).tcp(settings.tcp());
         if let Some(secs) = settings.setup_timeout {
             config = config.connect_timeout(Duration::from_secs(secs));
         }
@@ -265,12 +280,14 @@ mod tests {
             #[command(flatten)]
             s: ProtoSettings,
         }
-        for (handlers_in_tasks, setup_timeout) in [(false, None), (true, Some(60))] {
+        for (handlers_in_tasks, no_tcp_look, setup_timeout) in [(false, false, None), (true, true, Some(60))]
+        {
             let s = ProtoSettings {
                 eager_threshold: 4096,
                 recv_depth: 16,
                 max_in_flight: 7,
                 handlers_in_tasks,
+                no_tcp_look,
                 setup_timeout,
             };
             let mut args = vec!["p".to_string()];
