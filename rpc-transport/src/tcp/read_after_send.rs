@@ -9,15 +9,17 @@
 //! without that wait.
 //!
 //! A look that finds nothing costs a `recv` system call, so a SEND is followed by one only when
-//! its write took at least [`SLOW_FACTOR`] times the fastest write of the last [`WINDOW`]
-//! SENDs (timed with [`stamp`]: only ratios count, so no unit is needed): a write that long had the peer (or something) run inside it. Measured on a 2-vCPU KVM
-//! guest with both processes on one vCPU (BENCHMARKS.md, session 63): writes that returned with
-//! the answer waiting took 10.5 us or more, the others 4 to 8 us; the rule looked after 43% of
-//! SENDs, and 99.7% of its looks found the answer. A write slowed by something else (another
-//! process run in it) makes a look that misses; when a window's looks miss more than they find,
-//! looks pause for one window, then two, four, up to [`MAX_PAUSE`] windows, and the pause ends
-//! with the first window whose looks mostly find. Peers on other CPUs or hosts never answer within
-//! a write: their writes are all alike and no look is made.
+//! its write took at least [`SLOW_FACTOR`] times the fastest write of the last [`WINDOW`] SENDs
+//! (timed with [`stamp`]: only ratios count, so no unit is needed): a write that long had the
+//! peer (or something) run inside it. Measured on a 2-vCPU KVM guest with both processes on one
+//! vCPU (BENCHMARKS.md, session 63): writes that returned with the answer waiting took 10.5 us or
+//! more, the others 4 to 8 us; the rule looked after 43% of SENDs, and 99.7% of its looks found
+//! the answer. A write slowed by something else (another process run in it, a wake-up across
+//! CPUs) makes a look that misses; when a window's looks miss more than they find, looks pause
+//! for one window, then two, four, up to [`MAX_PAUSE`] windows, and the pause ends with the first
+//! window whose looks mostly find. A peer on another CPU or host never answers within a write:
+//! there the pauses hold the looks to a few in a hundred SENDs (6% with the server on the other
+//! vCPU of that guest), each a `recv` against a round trip of tens of microseconds.
 //!
 //! Reading behind the runtime's readiness is sound with its edge-triggered registration: bytes
 //! that arrive later raise a new edge, and an edge whose bytes a look took is reported by neither
