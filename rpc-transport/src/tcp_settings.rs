@@ -4,8 +4,9 @@ use std::time::Duration;
 
 /// The tcp backend's settings a program sets in code (ignored by `mem` and `rdma`).
 ///
-/// Build it with struct update syntax or the setters, so that new fields keep their defaults:
-/// `TcpSettings { push_window: 0, ..TcpSettings::default() }`.
+/// Build it from the default with the setters, so that new fields keep their defaults:
+/// `TcpSettings::default().push_window(0)`. It is `#[non_exhaustive]`: other crates cannot name
+/// its fields in a struct expression (struct update syntax included), only read them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TcpSettings {

@@ -71,6 +71,9 @@ pub(crate) struct ReadAfterSend {
     asked: AtomicBool,
     /// The reader task, while it waits for the socket.
     reader: AtomicWaker,
+    /// Wakers an ask took from `reader`: the reader leaves its waker again when this moved since
+    /// it last left it (an ask may take a waker left after the ask raised its flag).
+    taken: AtomicU64,
     /// Looks made, and those that found bytes (or the end of the stream).
     looks: AtomicU64,
     found: AtomicU64,
@@ -79,8 +82,24 @@ pub(crate) struct ReadAfterSend {
 impl ReadAfterSend {
     /// Asks the reader for a look at its next poll, and wakes it if it waits.
     pub(crate) fn ask(&self) {
-        if !self.asked.swap(true, Ordering::AcqRel) {
-            self.reader.wake();
+        if self.raise() {
+            self.wake_reader();
+        }
+    }
+
+    /// Raises the flag for a look; true if it was down.
+    fn raise(&self) -> bool {
+        !self.asked.swap(true, Ordering::AcqRel)
+    }
+
+    /// Takes the reader's waker, if left, and wakes it. On a runtime with several threads the
+    /// reader may run between [`raise`](Self::raise) and this: it then makes the look, leaves its
+    /// waker again, and this takes that one; `taken` tells the reader so, at the poll this wake
+    /// causes.
+    fn wake_reader(&self) {
+        if let Some(waker) = self.reader.take() {
+            self.taken.fetch_add(1, Ordering::Release);
+            waker.wake();
         }
     }
 
@@ -179,9 +198,10 @@ impl LookPolicy {
 pub(crate) struct LookingReader {
     half: OwnedReadHalf,
     shared: Arc<ReadAfterSend>,
-    /// The waker last left in `shared` (an ask takes it from there): left again only when it
-    /// changes or an ask took it, not at every poll (two atomic updates each).
-    left: Option<Waker>,
+    /// The waker last left in `shared`, and `shared.taken` read just before: left again only
+    /// when the waker changes or an ask took one since, not at every poll (two atomic updates
+    /// each).
+    left: Option<(Waker, u64)>,
 }
 
 impl LookingReader {
@@ -194,7 +214,7 @@ impl AsyncRead for LookingReader {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         if me.shared.take_ask() {
-            // The ask took the waker left in `shared` (it sets the flag only as it does).
+            // The ask takes the waker left in `shared` (now or in a moment): leave it again.
             me.left = None;
             let sock = socket2::SockRef::from(me.half.as_ref());
             // The socket is non-blocking (tokio made it so): this read returns at once.
@@ -210,9 +230,10 @@ impl AsyncRead for LookingReader {
             }
         }
         // Left before the readiness poll: an ask after it wakes this task.
-        if !me.left.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        let taken = me.shared.taken.load(Ordering::Acquire);
+        if !me.left.as_ref().is_some_and(|(w, at)| *at == taken && w.will_wake(cx.waker())) {
             me.shared.reader.register(cx.waker());
-            me.left = Some(cx.waker().clone());
+            me.left = Some((cx.waker().clone(), taken));
         }
         Pin::new(&mut me.half).poll_read(cx, buf)
     }

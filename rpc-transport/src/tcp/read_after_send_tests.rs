@@ -184,3 +184,31 @@ async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
     assert!(matches!(poll_read(&mut reader, &waker, &mut buf), Poll::Ready(Ok(0))));
     assert_eq!(shared.looks(), (5, 2));
 }
+
+/// On a runtime with several threads the reader can run between an ask's flag and its wake: it
+/// makes the look and leaves its waker again, and the wake then takes that waker. The reader
+/// must leave its waker again at the poll that wake causes, or the next ask wakes nobody.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waker_taken_after_the_reader_left_it_again_is_left_once_more() {
+    let (ours, _theirs) = pair().await;
+    let shared = Arc::new(ReadAfterSend::default());
+    let mut reader = LookingReader::new(ours.into_split().0, shared.clone());
+    let count = Arc::new(Count::default());
+    let waker = futures::task::waker(count.clone());
+    let mut buf = [0u8; 64];
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+
+    // The ask raises its flag; the reader runs in between, looks, and leaves its waker again.
+    assert!(shared.raise());
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!(shared.looks(), (1, 0));
+    // The ask's wake takes the waker the reader just left, and wakes it (for nothing).
+    shared.wake_reader();
+    assert_eq!(count.0.load(Ordering::SeqCst), 1);
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    // The next ask still wakes the reader.
+    shared.ask();
+    assert_eq!(count.0.load(Ordering::SeqCst), 2, "the reader's waker was not left again");
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!(shared.looks(), (2, 0));
+}
