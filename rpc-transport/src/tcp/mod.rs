@@ -33,6 +33,7 @@
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fuzzing;
+mod halves;
 mod handshake;
 mod listener;
 mod outbox;
@@ -87,7 +88,7 @@ async fn connect_stream(addr: SocketAddr, params: ConnParams) -> Result<TcpConne
         .map_err(connect_error)?;
     configure(&stream, &params)?;
     let (soft, hello) = handshake::client(&mut stream, &params).await?;
-    Ok(TcpConnection::start(stream, soft, &params, hello, addr, None))
+    TcpConnection::start(stream, soft, &params, hello, addr, None)
 }
 
 /// The accepting side of the handshake on a fresh stream (see `handshake.rs`): the peer's hello
@@ -100,7 +101,7 @@ async fn accept_stream(
 ) -> Result<TcpConnection, TransportError> {
     configure(&stream, params)?;
     let (soft, hello) = handshake::server(&mut stream, params).await?;
-    Ok(TcpConnection::start(stream, soft, params, hello, peer, Some(push_pool)))
+    TcpConnection::start(stream, soft, params, hello, peer, Some(push_pool))
 }
 
 /// Socket options of every connection: no Nagle delay, and `SO_KEEPALIVE` as configured.
@@ -169,9 +170,10 @@ impl TcpConnection {
         hello: PeerHello,
         peer: SocketAddr,
         push_pool: Option<Arc<PushPool>>,
-    ) -> Self {
+    ) -> Result<Self, TransportError> {
+        // Each half registered for its own readiness (see `halves.rs`).
+        let (read_half, write_half) = halves::split(stream)?;
         let push = Arc::new(Push::new(ours.tcp.push_window, hello.push_window, push_pool));
-        let (read_half, write_half) = stream.into_split();
         let (out, out_rx) = Outbox::new(Some(write_half));
 
         // The tasks stop when the endpoint dies, whoever kills it: the death hook aborts them
@@ -223,7 +225,7 @@ impl TcpConnection {
             copied_sends: u32::MAX,
         };
         let look_policy = LookPolicy::new(ours.tcp.read_after_send);
-        TcpConnection { soft, push, out, direct_unpolled: false, looks, look_policy, info }
+        Ok(TcpConnection { soft, push, out, direct_unpolled: false, looks, look_policy, info })
     }
 
     /// Hands a frame to the writer. If the writer is gone the endpoint is dead already and the

@@ -19,12 +19,12 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
-use tokio::net::tcp::OwnedWriteHalf;
 
+use super::halves::WriteHalf;
 use super::wire;
 use super::writer::Outgoing;
 use crate::soft::OpId;
@@ -73,7 +73,7 @@ fn gathers(len: usize, gathered: usize) -> bool {
 /// there, laid out by [`lay_out`]. Returns the bytes written: 0 if the socket would block or
 /// failed.
 fn write_gathered<'m, const N: usize>(
-    stream: &OwnedWriteHalf,
+    stream: &WriteHalf,
     msgs: impl Iterator<Item = &'m SendBuf> + Clone,
 ) -> usize {
     GATHER.with_borrow_mut(|buf| {
@@ -172,7 +172,7 @@ pub(crate) struct OutboxRx {
 struct Inner {
     state: Mutex<State>,
     /// The socket, for direct writes and for the writer (`None` in tests without a socket).
-    stream: Option<OwnedWriteHalf>,
+    stream: Option<WriteHalf>,
     /// Write system calls made on the socket (`TransportCounters::send_posts`): direct ones
     /// (made under the queue's lock) and the writer task's. Each has one writer at a time, so
     /// it is counted with a load and a store, no atomic read-modify-write.
@@ -266,7 +266,7 @@ impl Outbox {
     }
 
     /// An outbox over the write half of a socket, and the writer's end of its queue.
-    pub(crate) fn new(stream: Option<OwnedWriteHalf>) -> (Outbox, OutboxRx) {
+    pub(crate) fn new(stream: Option<WriteHalf>) -> (Outbox, OutboxRx) {
         let state = State { senders: 1, ..State::default() };
         let inner = Arc::new(Inner {
             state: Mutex::new(state),
@@ -461,7 +461,7 @@ impl Drop for OutboxRx {
 
 fn shutdown(inner: &Inner) {
     if let Some(s) = &inner.stream {
-        let _ = socket2::SockRef::from(s.as_ref()).shutdown(std::net::Shutdown::Write);
+        s.shutdown();
     }
 }
 
@@ -472,9 +472,9 @@ pub(crate) struct SharedWrite {
 }
 
 impl SharedWrite {
-    fn stream(&self) -> io::Result<&tokio::net::TcpStream> {
+    fn stream(&self) -> io::Result<&WriteHalf> {
         match &self.inner.stream {
-            Some(s) => Ok(s.as_ref()),
+            Some(s) => Ok(s),
             None => Err(io::Error::new(io::ErrorKind::NotConnected, "no socket")),
         }
     }
@@ -490,15 +490,7 @@ impl AsyncWrite for SharedWrite {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let stream = self.stream()?;
-        loop {
-            ready!(stream.poll_write_ready(cx))?;
-            count(&self.inner.writer_writes);
-            match stream.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                other => return Poll::Ready(other),
-            }
-        }
+        self.stream()?.poll_write_vectored(cx, bufs, || count(&self.inner.writer_writes))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -580,7 +572,7 @@ mod tests {
             socket2::SockRef::from(&client).set_send_buffer_size(size).unwrap();
             socket2::SockRef::from(&server).set_recv_buffer_size(size).unwrap();
         }
-        let (_read, write) = client.into_split();
+        let (_read, write) = crate::tcp::halves::split(client).unwrap();
         let (out, rx) = Outbox::new(Some(write));
         (out, rx, server)
     }

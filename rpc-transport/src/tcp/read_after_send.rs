@@ -22,11 +22,13 @@
 //! vCPU of that guest), each a `recv` against a round trip of tens of microseconds.
 //!
 //! Reading behind the runtime's readiness is sound with its edge-triggered registration: bytes
-//! that arrive later raise a new edge, and an edge whose bytes a look took is reported by neither
-//! `epoll_wait` (which checks an edge's socket is still readable) nor acted on by the reader
-//! beyond one read that finds nothing and waits again.
+//! that arrive later raise a new edge, and an edge whose bytes a look took is neither reported
+//! by `epoll_wait` (which checks a queued edge's socket for what its registration asked about:
+//! readable only, see `halves.rs`; with writable asked too, as tokio's `TcpStream` asks, it was
+//! reported, and a wait after a found look returned at once) nor acted on by the reader beyond
+//! one read that finds nothing and waits again.
 
-use std::io::{self, Read};
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,9 +36,9 @@ use std::task::{Context, Poll, Waker};
 #[cfg(not(target_arch = "x86_64"))]
 use std::{sync::OnceLock, time::Instant};
 
+use super::halves::ReadHalf;
 use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::net::tcp::OwnedReadHalf;
 
 /// A SEND whose write took this many times the window's fastest is followed by a look.
 pub(crate) const SLOW_FACTOR: u64 = 2;
@@ -196,7 +198,7 @@ impl LookPolicy {
 /// whatever it says when a SEND asked for a look.
 #[derive(Debug)]
 pub(crate) struct LookingReader {
-    half: OwnedReadHalf,
+    half: ReadHalf,
     shared: Arc<ReadAfterSend>,
     /// The waker last left in `shared`, and `shared.taken` read just before: left again only
     /// when the waker changes or an ask took one since, not at every poll (two atomic updates
@@ -205,7 +207,7 @@ pub(crate) struct LookingReader {
 }
 
 impl LookingReader {
-    pub(crate) fn new(half: OwnedReadHalf, shared: Arc<ReadAfterSend>) -> Self {
+    pub(crate) fn new(half: ReadHalf, shared: Arc<ReadAfterSend>) -> Self {
         LookingReader { half, shared, left: None }
     }
 }
@@ -216,9 +218,8 @@ impl AsyncRead for LookingReader {
         if me.shared.take_ask() {
             // The ask takes the waker left in `shared` (now or in a moment): leave it again.
             me.left = None;
-            let sock = socket2::SockRef::from(me.half.as_ref());
-            // The socket is non-blocking (tokio made it so): this read returns at once.
-            match (&*sock).read(buf.initialize_unfilled()) {
+            // The socket is non-blocking: this read returns at once.
+            match me.half.read_now(buf.initialize_unfilled()) {
                 Ok(n) => {
                     me.shared.record(true);
                     buf.advance(n);

@@ -140,7 +140,7 @@ fn poll_read(reader: &mut LookingReader, waker: &Waker, buf: &mut [u8]) -> Poll<
 async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
     let (ours, mut theirs) = pair().await;
     let shared = Arc::new(ReadAfterSend::default());
-    let mut reader = LookingReader::new(ours.into_split().0, shared.clone());
+    let mut reader = LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone());
     let count = Arc::new(Count::default());
     let waker = futures::task::waker(count.clone());
     let mut buf = [0u8; 64];
@@ -192,7 +192,7 @@ async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
 async fn a_waker_taken_after_the_reader_left_it_again_is_left_once_more() {
     let (ours, _theirs) = pair().await;
     let shared = Arc::new(ReadAfterSend::default());
-    let mut reader = LookingReader::new(ours.into_split().0, shared.clone());
+    let mut reader = LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone());
     let count = Arc::new(Count::default());
     let waker = futures::task::waker(count.clone());
     let mut buf = [0u8; 64];
