@@ -100,7 +100,7 @@ impl Environment {
     /// One line for the top of a table.
     pub fn summary(&self) -> String {
         format!(
-            "# rpc-bench {} ({} build) | {} x {} | load {:.2} | {} | server: {} | {} | eager threshold {} B, recv depth {}, busy-poll {} us{}{}",
+            "# rpc-bench {} ({} build) | {} x {} | load {:.2} | {} | server: {} | {} | eager threshold {} B, recv depth {}, busy-poll {} us{}{}{}",
             self.harness,
             self.build,
             self.cpus,
@@ -114,6 +114,10 @@ impl Environment {
             self.busy_poll_us,
             if self.proto.handlers_in_tasks { ", handlers in tasks" } else { "" },
             if self.proto.no_tcp_look { ", no tcp look" } else { "" },
+            match self.proto.tcp_busy_poll_us {
+                0 => String::new(),
+                us => format!(", tcp busy-poll {us} us"),
+            },
         )
     }
 }

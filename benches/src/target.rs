@@ -66,6 +66,10 @@ pub struct ProtoSettings {
     /// to measure what the look gives.
     #[arg(long)]
     pub no_tcp_look: bool,
+    /// tcp: the busy-poll window in microseconds (`TcpSettings::busy_poll`, both sides; default
+    /// 0, off). For processes on CPUs of their own: with both on one CPU it slows round trips.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub tcp_busy_poll_us: u64,
     /// How long setting up a connection may take, in seconds: the client's connect timeout and
     /// the server's handshake timeout (rpc-core). Default: `ClientConfig`'s and
     /// `ServerConfig`'s (10 s and 5 s). Under valgrind in the VM, a set-up can take longer.
@@ -82,6 +86,7 @@ impl Default for ProtoSettings {
             max_in_flight: d.max_in_flight,
             handlers_in_tasks: false,
             no_tcp_look: false,
+            tcp_busy_poll_us: 0,
             setup_timeout: None,
         }
     }
@@ -98,7 +103,9 @@ impl ProtoSettings {
 
     /// The tcp backend's settings for these settings.
     pub fn tcp(&self) -> TcpSettings {
-        TcpSettings::default().read_after_send(!self.no_tcp_look)
+        TcpSettings::default()
+            .read_after_send(!self.no_tcp_look)
+            .busy_poll(Duration::from_micros(self.tcp_busy_poll_us))
     }
 
     /// The server config for these settings (handlers bounded high: the load decides).
@@ -131,6 +138,9 @@ impl ProtoSettings {
         }
         if self.no_tcp_look {
             args.push("--no-tcp-look".into());
+        }
+        if self.tcp_busy_poll_us > 0 {
+            args.extend(["--tcp-busy-poll-us".into(), self.tcp_busy_poll_us.to_string()]);
         }
         if let Some(secs) = self.setup_timeout {
             args.extend(["--setup-timeout".into(), secs.to_string()]);
@@ -280,7 +290,8 @@ mod tests {
             #[command(flatten)]
             s: ProtoSettings,
         }
-        for (handlers_in_tasks, no_tcp_look, setup_timeout) in [(false, false, None), (true, true, Some(60))]
+        for (handlers_in_tasks, no_tcp_look, tcp_busy_poll_us, setup_timeout) in
+            [(false, false, 0, None), (true, true, 50, Some(60))]
         {
             let s = ProtoSettings {
                 eager_threshold: 4096,
@@ -288,6 +299,7 @@ mod tests {
                 max_in_flight: 7,
                 handlers_in_tasks,
                 no_tcp_look,
+                tcp_busy_poll_us,
                 setup_timeout,
             };
             let mut args = vec!["p".to_string()];

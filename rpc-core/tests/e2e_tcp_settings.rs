@@ -65,3 +65,46 @@ async fn a_push_window_set_in_a_config_reaches_its_side_transport() {
     assert_eq!((server.reads_issued, client.reads_served), (CALLS, CALLS));
     assert_eq!((server.regions_pushed, client.reads_served_from_push), (CALLS, CALLS));
 }
+
+/// Small echoes; returns the client's and the server's transport counters once the server's
+/// say `published` (see `echoes`).
+async fn small_echoes(
+    server: ServerConfig,
+    client: ClientConfig,
+    published: impl Fn(&TransportCounters) -> bool,
+) -> (TransportCounters, TransportCounters) {
+    let s = setup_with(Kind::Tcp, server.proto(proto()), client.proto(proto())).await;
+    for i in 0..CALLS {
+        let data = pattern(64, i as u8);
+        assert_eq!(s.client.echo(data.clone()).await.expect("echo"), data);
+    }
+    let client = s.client.client().stats().await.expect("stats").transport;
+    let began = Instant::now();
+    loop {
+        let server = s.server.stats().transport;
+        if published(&server) || began.elapsed() > LIMIT {
+            return (client, server);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// A busy-poll window set in either config makes that side's reader spin (and only that side's),
+/// and calls still complete with both sides on one thread: a spin yields to the other tasks.
+#[tokio::test]
+async fn a_busy_poll_window_set_in_a_config_reaches_its_side_transport() {
+    let window = TcpSettings::default().busy_poll(std::time::Duration::from_millis(20));
+    let (client, server) =
+        small_echoes(ServerConfig::default(), ClientConfig::default().tcp(window.clone()), |s| {
+            s.recvs >= CALLS
+        })
+        .await;
+    assert!(client.busy_poll_spins > 0, "{client:?}");
+    assert_eq!(server.busy_poll_spins, 0, "{server:?}");
+
+    let (client, server) =
+        small_echoes(ServerConfig::default().tcp(window), ClientConfig::default(), |s| s.busy_poll_spins > 0)
+            .await;
+    assert_eq!(client.busy_poll_spins, 0, "{client:?}");
+    assert!(server.busy_poll_spins > 0, "{server:?}");
+}

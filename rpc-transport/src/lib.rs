@@ -55,6 +55,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 
 mod address;
+mod busy_window;
 pub mod device_report;
 mod error;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -425,8 +426,10 @@ pub struct TransportCounters {
     /// Bytes sent, advertised or READ into that were not in the connection's pool and had to
     /// be copied into it or registered for the operation (rdma; 0 on `mem` and `tcp`).
     pub bytes_outside_pool: u64,
-    /// Empty completion-queue polls spent inside busy-poll windows (rdma with a busy-poll window;
-    /// each is one pass of the connection's task through the runtime: its CPU cost).
+    /// Empty looks spent inside busy-poll windows, each one pass of a task through the runtime:
+    /// their CPU cost. rdma: completion-queue polls (with `RdmaSettings::busy_poll`); tcp: reads
+    /// of the socket that found nothing, a `recv` system call each (with
+    /// `TcpSettings::busy_poll`).
     pub busy_poll_spins: u64,
     /// Regions whose bytes this side pushed to the peer at registration (tcp only).
     pub regions_pushed: u64,

@@ -32,7 +32,6 @@
 use std::io;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel};
 use sideway::ibverbs::device_context::DeviceContext;
@@ -41,15 +40,13 @@ use tokio::io::unix::AsyncFd;
 use super::config::RdmaConfig;
 use super::error::{chain, verbs};
 use super::sys::{self, WorkCompletion};
+use crate::busy_window::BusyWindow;
 use crate::TransportError;
 
 /// Events acknowledged together (acking takes a mutex in libibverbs).
 const ACK_BATCH: u32 = 16;
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
-/// Empty busy-poll spins between two readings of the clock (a window overshoots by at most
-/// this many spins: tens of microseconds).
-const SPINS_PER_CLOCK_READ: u64 = 16;
 
 /// A CQ with its completion channel, polled asynchronously.
 pub(crate) struct CqPoller {
@@ -69,14 +66,9 @@ pub(crate) struct CqPoller {
     /// readiness cleared, before the next arming).
     ready_untaken: bool,
     wcs: Vec<WorkCompletion>,
-    busy_poll: Duration,
-    /// When the current busy-poll window opened (`None`: closed, or no completion since the
-    /// last sleep on the channel).
-    spin_since: Option<Instant>,
-    /// Polls that found nothing inside a busy-poll window (its CPU cost, for counters).
-    spins: u64,
-    /// The current window ran out (until the next completion).
-    window_spent: bool,
+    /// The busy-poll window ([`RdmaConfig::busy_poll`]); its spins are polls that found nothing
+    /// inside a window.
+    busy: BusyWindow,
 }
 
 impl std::fmt::Debug for CqPoller {
@@ -106,10 +98,7 @@ impl CqPoller {
             unacked: 0,
             ready_untaken: false,
             wcs: vec![sys::empty_wc(); POLL_BATCH],
-            busy_poll: cfg.busy_poll,
-            spin_since: None,
-            spins: 0,
-            window_spent: false,
+            busy: BusyWindow::new(cfg.busy_poll),
         })
     }
 
@@ -140,16 +129,14 @@ impl CqPoller {
                 }
                 if n > 0 {
                     // Completions keep coming: the next empty poll opens a new window.
-                    self.spin_since = None;
-                    self.window_spent = false;
+                    self.busy.arrived();
                     self.emptied = n < budget;
                     return Poll::Ready(Ok(n));
                 }
             }
             skip_look = false;
             if !self.armed {
-                if self.spinning() {
-                    self.spins += 1;
+                if self.busy.spin() {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
@@ -222,36 +209,9 @@ impl CqPoller {
         Ok(handled)
     }
 
-    /// Whether the busy-poll window is open (opening it at this empty poll if it was closed).
-    /// A window that ran out stays closed until the next completion. The clock is read when a
-    /// window opens and then every [`SPINS_PER_CLOCK_READ`] empty polls, not at each: where
-    /// the clock has no vDSO (a VM on the HPET) a read is a system call, which would make every
-    /// spin one.
-    fn spinning(&mut self) -> bool {
-        if self.busy_poll.is_zero() || self.window_spent {
-            return false;
-        }
-        match self.spin_since {
-            None if self.armed => false, // asleep on the channel: no window until a completion
-            None => {
-                self.spin_since = Some(Instant::now());
-                true
-            }
-            Some(since) => {
-                // `spins` counts every empty poll inside a window: one in this many reads the clock.
-                if self.spins % SPINS_PER_CLOCK_READ != 0 {
-                    return true;
-                }
-                // A window that ran out is spent until the next completion.
-                self.window_spent = since.elapsed() >= self.busy_poll;
-                !self.window_spent
-            }
-        }
-    }
-
     /// Empty polls spent inside busy-poll windows since creation.
     pub(crate) fn spins(&self) -> u64 {
-        self.spins
+        self.busy.spins()
     }
 
     fn ack_events(&mut self) {

@@ -183,7 +183,7 @@ impl TcpConnection {
         let mut reader = reader::Reader::new(soft.clone(), out.clone(), ours.recv_size, push.clone());
         let reader_soft = soft.clone();
         let looks = Arc::new(ReadAfterSend::default());
-        let read_half = LookingReader::new(read_half, looks.clone());
+        let read_half = LookingReader::new(read_half, looks.clone(), ours.tcp.busy_poll);
         let reading = tokio::spawn(async move {
             let mut r = BufReader::with_capacity(IO_BUFFER, read_half);
             let death = reader.run(&mut r).await;
@@ -407,6 +407,7 @@ impl Connection for TcpConnection {
         let mut counters = self.soft.counters();
         counters.send_posts = self.out.writes();
         (counters.tcp_looks, counters.tcp_looks_found) = self.looks.looks();
+        counters.busy_poll_spins = self.looks.spins();
         counters
     }
 

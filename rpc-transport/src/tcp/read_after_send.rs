@@ -37,7 +37,9 @@ use std::task::{Context, Poll, Waker};
 use std::{sync::OnceLock, time::Instant};
 
 use super::halves::ReadHalf;
+use crate::busy_window::BusyWindow;
 use futures::task::AtomicWaker;
+use std::time::Duration;
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// A SEND whose write took this many times the window's fastest is followed by a look.
@@ -79,6 +81,8 @@ pub(crate) struct ReadAfterSend {
     /// Looks made, and those that found bytes (or the end of the stream).
     looks: AtomicU64,
     found: AtomicU64,
+    /// The reader's busy-poll spins (published by the reader, its only writer).
+    spins: AtomicU64,
 }
 
 impl ReadAfterSend {
@@ -120,6 +124,11 @@ impl ReadAfterSend {
     /// Looks made, and those that found bytes.
     pub(crate) fn looks(&self) -> (u64, u64) {
         (self.looks.load(Ordering::Relaxed), self.found.load(Ordering::Relaxed))
+    }
+
+    /// Reads the reader made inside busy-poll windows that found nothing.
+    pub(crate) fn spins(&self) -> u64 {
+        self.spins.load(Ordering::Relaxed)
     }
 }
 
@@ -195,11 +204,16 @@ impl LookPolicy {
 }
 
 /// The reader task's side of the socket: reads as the runtime's readiness says, and once
-/// whatever it says when a SEND asked for a look.
+/// whatever it says when a SEND asked for a look, or at each poll of a busy-poll window
+/// ([`crate::TcpSettings::busy_poll`]: an empty read inside one wakes the task again at once).
 #[derive(Debug)]
 pub(crate) struct LookingReader {
     half: ReadHalf,
     shared: Arc<ReadAfterSend>,
+    /// The busy-poll window (`None`: none set).
+    busy: Option<BusyWindow>,
+    /// The last poll found nothing inside a busy-poll window: this one reads the socket.
+    spun: bool,
     /// The waker last left in `shared`, and `shared.taken` read just before: left again only
     /// when the waker changes or an ask took one since, not at every poll (two atomic updates
     /// each).
@@ -207,26 +221,37 @@ pub(crate) struct LookingReader {
 }
 
 impl LookingReader {
-    pub(crate) fn new(half: ReadHalf, shared: Arc<ReadAfterSend>) -> Self {
-        LookingReader { half, shared, left: None }
+    pub(crate) fn new(half: ReadHalf, shared: Arc<ReadAfterSend>, busy_poll: Duration) -> Self {
+        let busy = (!busy_poll.is_zero()).then(|| BusyWindow::new(busy_poll));
+        LookingReader { half, shared, busy, spun: false, left: None }
     }
 }
 
 impl AsyncRead for LookingReader {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let me = self.get_mut();
-        if me.shared.take_ask() {
+        let asked = me.shared.take_ask();
+        if asked {
             // The ask takes the waker left in `shared` (now or in a moment): leave it again.
             me.left = None;
+        }
+        if asked || me.spun {
+            me.spun = false;
             // The socket is non-blocking: this read returns at once.
-            match me.half.read_now(buf.initialize_unfilled()) {
+            let read = me.half.read_now(buf.initialize_unfilled());
+            let found = read.is_ok();
+            if asked {
+                me.shared.record(found);
+            }
+            match read {
                 Ok(n) => {
-                    me.shared.record(true);
+                    if let Some(busy) = &mut me.busy {
+                        busy.arrived();
+                    }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => me.shared.record(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => me.shared.record(false),
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
@@ -236,7 +261,21 @@ impl AsyncRead for LookingReader {
             me.shared.reader.register(cx.waker());
             me.left = Some((cx.waker().clone(), taken));
         }
-        Pin::new(&mut me.half).poll_read(cx, buf)
+        let read = Pin::new(&mut me.half).poll_read(cx, buf);
+        if let Some(busy) = &mut me.busy {
+            match read {
+                Poll::Ready(_) => busy.arrived(),
+                // Nothing yet: inside a busy-poll window, the task runs again at once (after
+                // the runtime's other ready tasks) and reads the socket then.
+                Poll::Pending if busy.spin() => {
+                    me.spun = true;
+                    me.shared.spins.store(busy.spins(), Ordering::Relaxed);
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Pending => {}
+            }
+        }
+        read
     }
 }
 

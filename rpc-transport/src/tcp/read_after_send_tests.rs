@@ -3,6 +3,7 @@
 
 use std::sync::atomic::AtomicUsize;
 use std::task::Waker;
+use std::time::Duration;
 
 use futures::task::ArcWake;
 use tokio::io::AsyncWriteExt;
@@ -140,7 +141,8 @@ fn poll_read(reader: &mut LookingReader, waker: &Waker, buf: &mut [u8]) -> Poll<
 async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
     let (ours, mut theirs) = pair().await;
     let shared = Arc::new(ReadAfterSend::default());
-    let mut reader = LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone());
+    let mut reader =
+        LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone(), Duration::ZERO);
     let count = Arc::new(Count::default());
     let waker = futures::task::waker(count.clone());
     let mut buf = [0u8; 64];
@@ -192,7 +194,8 @@ async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
 async fn a_waker_taken_after_the_reader_left_it_again_is_left_once_more() {
     let (ours, _theirs) = pair().await;
     let shared = Arc::new(ReadAfterSend::default());
-    let mut reader = LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone());
+    let mut reader =
+        LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone(), Duration::ZERO);
     let count = Arc::new(Count::default());
     let waker = futures::task::waker(count.clone());
     let mut buf = [0u8; 64];
@@ -211,4 +214,60 @@ async fn a_waker_taken_after_the_reader_left_it_again_is_left_once_more() {
     assert_eq!(count.0.load(Ordering::SeqCst), 2, "the reader's waker was not left again");
     assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
     assert_eq!(shared.looks(), (2, 0));
+}
+
+/// Inside a busy-poll window, a poll that finds nothing wakes the reader again at once, and the
+/// next poll reads the socket whatever the runtime's readiness says; a window that ran out
+/// sleeps on readiness until bytes arrive.
+#[tokio::test(flavor = "current_thread")]
+async fn inside_a_busy_poll_window_the_reader_wakes_itself_and_reads_the_socket() {
+    let (ours, mut theirs) = pair().await;
+    let shared = Arc::new(ReadAfterSend::default());
+    let half = super::super::halves::split(ours).unwrap().0;
+    let mut reader = LookingReader::new(half, shared.clone(), Duration::from_millis(300));
+    let count = Arc::new(Count::default());
+    let waker = futures::task::waker(count.clone());
+    let mut buf = [0u8; 64];
+
+    // Nothing there: the reader spins (wakes itself), counted.
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!((count.0.load(Ordering::SeqCst), shared.spins()), (1, 1));
+    // The peer's bytes lie in our socket; the spun poll reads them with no turn of the runtime's
+    // I/O driver in between. No look was asked for: none is counted.
+    theirs.write_all(b"the answer").await.unwrap();
+    match poll_read(&mut reader, &waker, &mut buf) {
+        Poll::Ready(Ok(n)) => assert_eq!(&buf[..n], b"the answer"),
+        other => panic!("the spin did not read the answer: {other:?}"),
+    }
+    assert_eq!(shared.looks(), (0, 0));
+
+    // A window that runs out: the reader then sleeps (no more self-wakes) until bytes arrive.
+    let (ours, mut theirs) = pair().await;
+    let shared = Arc::new(ReadAfterSend::default());
+    let half = super::super::halves::split(ours).unwrap().0;
+    let mut reader = LookingReader::new(half, shared.clone(), Duration::from_micros(1));
+    let count = Arc::new(Count::default());
+    let waker = futures::task::waker(count.clone());
+    let mut polls = 0;
+    while poll_read(&mut reader, &waker, &mut buf).is_pending() && count.0.load(Ordering::SeqCst) > polls {
+        polls += 1;
+        assert!(polls <= 256, "the window never ran out");
+        // Every clock reading then finds the window past.
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    assert!(polls >= 1, "the window did not open");
+    let spent = shared.spins();
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!(shared.spins(), spent, "a spent window spun again");
+    // Bytes arrive (read through the runtime's readiness once it reports them): a new window.
+    theirs.write_all(b"more").await.unwrap();
+    let n =
+        tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut reader, &mut buf))
+            .await
+            .expect("the sleeping reader was not woken by readiness")
+            .unwrap();
+    assert_eq!(&buf[..n], b"more");
+    let woken = count.0.load(Ordering::SeqCst);
+    assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
+    assert_eq!(count.0.load(Ordering::SeqCst), woken + 1, "no window after an arrival");
 }
