@@ -1,6 +1,7 @@
 //! The tcp backend's settings given in `ClientConfig::tcp` and `ServerConfig::tcp` reach each
 //! side's transport: a side that announces no push window is pushed nothing and READs from its
-//! peer, while its peer, which kept the default window, still READs from pushed bytes.
+//! peer, while its peer, which kept the default window, still READs from pushed bytes; a side
+//! given a busy-poll window spins, the other does not.
 
 mod common;
 
@@ -12,17 +13,18 @@ use rpc_core::{ClientConfig, ServerConfig};
 
 const CALLS: u64 = 3;
 
-/// Echoes `CALLS` payloads large enough for rendezvous both ways; returns the client's and the
-/// server's transport counters once the server's say `published` (it publishes them at the end
-/// of a poll, which may come after the client has its answer).
+/// Echoes `CALLS` payloads of `size` bytes; returns the client's and the server's transport
+/// counters once the server's say `published` (it publishes them at the end of a poll, which may
+/// come after the client has its answer).
 async fn echoes(
     server: ServerConfig,
     client: ClientConfig,
+    size: usize,
     published: impl Fn(&TransportCounters) -> bool,
 ) -> (TransportCounters, TransportCounters) {
     let s = setup_with(Kind::Tcp, server.proto(proto()), client.proto(proto())).await;
     for i in 0..CALLS {
-        let data = pattern(4 * THRESHOLD, i as u8);
+        let data = pattern(size, i as u8);
         assert_eq!(s.client.echo(data.clone()).await.expect("echo"), data);
     }
     let client = s.client.client().stats().await.expect("stats").transport;
@@ -40,7 +42,7 @@ async fn echoes(
 async fn a_push_window_set_in_a_config_reaches_its_side_transport() {
     let no_window = TcpSettings::default().push_window(0);
     let (client, server) =
-        echoes(ServerConfig::default(), ClientConfig::default().tcp(no_window.clone()), |s| {
+        echoes(ServerConfig::default(), ClientConfig::default().tcp(no_window.clone()), 4 * THRESHOLD, |s| {
             s.reads_issued >= CALLS && s.reads_served >= CALLS
         })
         .await;
@@ -57,36 +59,14 @@ async fn a_push_window_set_in_a_config_reaches_its_side_transport() {
     assert_eq!(client.reads_served, 0);
 
     // The other way round.
-    let (client, server) = echoes(ServerConfig::default().tcp(no_window), ClientConfig::default(), |s| {
-        s.reads_issued >= CALLS && s.regions_pushed >= CALLS
-    })
-    .await;
+    let (client, server) =
+        echoes(ServerConfig::default().tcp(no_window), ClientConfig::default(), 4 * THRESHOLD, |s| {
+            s.reads_issued >= CALLS && s.regions_pushed >= CALLS
+        })
+        .await;
     assert_eq!((client.regions_pushed, server.reads_served_from_push), (0, 0), "{client:?}\n{server:?}");
     assert_eq!((server.reads_issued, client.reads_served), (CALLS, CALLS));
     assert_eq!((server.regions_pushed, client.reads_served_from_push), (CALLS, CALLS));
-}
-
-/// Small echoes; returns the client's and the server's transport counters once the server's
-/// say `published` (see `echoes`).
-async fn small_echoes(
-    server: ServerConfig,
-    client: ClientConfig,
-    published: impl Fn(&TransportCounters) -> bool,
-) -> (TransportCounters, TransportCounters) {
-    let s = setup_with(Kind::Tcp, server.proto(proto()), client.proto(proto())).await;
-    for i in 0..CALLS {
-        let data = pattern(64, i as u8);
-        assert_eq!(s.client.echo(data.clone()).await.expect("echo"), data);
-    }
-    let client = s.client.client().stats().await.expect("stats").transport;
-    let began = Instant::now();
-    loop {
-        let server = s.server.stats().transport;
-        if published(&server) || began.elapsed() > LIMIT {
-            return (client, server);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
 }
 
 /// A busy-poll window set in either config makes that side's reader spin (and only that side's),
@@ -95,7 +75,7 @@ async fn small_echoes(
 async fn a_busy_poll_window_set_in_a_config_reaches_its_side_transport() {
     let window = TcpSettings::default().busy_poll(std::time::Duration::from_millis(20));
     let (client, server) =
-        small_echoes(ServerConfig::default(), ClientConfig::default().tcp(window.clone()), |s| {
+        echoes(ServerConfig::default(), ClientConfig::default().tcp(window.clone()), 64, |s| {
             s.recvs >= CALLS
         })
         .await;
@@ -103,7 +83,7 @@ async fn a_busy_poll_window_set_in_a_config_reaches_its_side_transport() {
     assert_eq!(server.busy_poll_spins, 0, "{server:?}");
 
     let (client, server) =
-        small_echoes(ServerConfig::default().tcp(window), ClientConfig::default(), |s| s.busy_poll_spins > 0)
+        echoes(ServerConfig::default().tcp(window), ClientConfig::default(), 64, |s| s.busy_poll_spins > 0)
             .await;
     assert_eq!(client.busy_poll_spins, 0, "{client:?}");
     assert!(server.busy_poll_spins > 0, "{server:?}");

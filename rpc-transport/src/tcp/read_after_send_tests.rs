@@ -132,6 +132,19 @@ async fn pair() -> (TcpStream, TcpStream) {
     (ours.unwrap(), theirs.unwrap().0)
 }
 
+/// A reader over our end of a fresh loopback pair with a busy-poll window of `busy_poll`; the
+/// peer's end, what the reader shares with the sending side, and a waker that counts its wakes.
+async fn looking_reader(
+    busy_poll: Duration,
+) -> (LookingReader, TcpStream, Arc<ReadAfterSend>, Arc<Count>, Waker) {
+    let (ours, theirs) = pair().await;
+    let shared = Arc::new(ReadAfterSend::default());
+    let reader = LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone(), busy_poll);
+    let count = Arc::new(Count::default());
+    let waker = futures::task::waker(count.clone());
+    (reader, theirs, shared, count, waker)
+}
+
 fn poll_read(reader: &mut LookingReader, waker: &Waker, buf: &mut [u8]) -> Poll<io::Result<usize>> {
     let mut read = ReadBuf::new(buf);
     Pin::new(reader).poll_read(&mut Context::from_waker(waker), &mut read).map_ok(|()| read.filled().len())
@@ -139,12 +152,7 @@ fn poll_read(reader: &mut LookingReader, waker: &Waker, buf: &mut [u8]) -> Poll<
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
-    let (ours, mut theirs) = pair().await;
-    let shared = Arc::new(ReadAfterSend::default());
-    let mut reader =
-        LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone(), Duration::ZERO);
-    let count = Arc::new(Count::default());
-    let waker = futures::task::waker(count.clone());
+    let (mut reader, mut theirs, shared, count, waker) = looking_reader(Duration::ZERO).await;
     let mut buf = [0u8; 64];
 
     // Nothing there: a look finds nothing, counted, and the reader waits with its waker left.
@@ -192,12 +200,7 @@ async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
 /// must leave its waker again at the poll that wake causes, or the next ask wakes nobody.
 #[tokio::test(flavor = "current_thread")]
 async fn a_waker_taken_after_the_reader_left_it_again_is_left_once_more() {
-    let (ours, _theirs) = pair().await;
-    let shared = Arc::new(ReadAfterSend::default());
-    let mut reader =
-        LookingReader::new(super::super::halves::split(ours).unwrap().0, shared.clone(), Duration::ZERO);
-    let count = Arc::new(Count::default());
-    let waker = futures::task::waker(count.clone());
+    let (mut reader, _theirs, shared, count, waker) = looking_reader(Duration::ZERO).await;
     let mut buf = [0u8; 64];
     assert!(poll_read(&mut reader, &waker, &mut buf).is_pending());
 
@@ -221,12 +224,7 @@ async fn a_waker_taken_after_the_reader_left_it_again_is_left_once_more() {
 /// sleeps on readiness until bytes arrive.
 #[tokio::test(flavor = "current_thread")]
 async fn inside_a_busy_poll_window_the_reader_wakes_itself_and_reads_the_socket() {
-    let (ours, mut theirs) = pair().await;
-    let shared = Arc::new(ReadAfterSend::default());
-    let half = super::super::halves::split(ours).unwrap().0;
-    let mut reader = LookingReader::new(half, shared.clone(), Duration::from_millis(300));
-    let count = Arc::new(Count::default());
-    let waker = futures::task::waker(count.clone());
+    let (mut reader, mut theirs, shared, count, waker) = looking_reader(Duration::from_millis(300)).await;
     let mut buf = [0u8; 64];
 
     // Nothing there: the reader spins (wakes itself), counted.
@@ -242,12 +240,7 @@ async fn inside_a_busy_poll_window_the_reader_wakes_itself_and_reads_the_socket(
     assert_eq!(shared.looks(), (0, 0));
 
     // A window that runs out: the reader then sleeps (no more self-wakes) until bytes arrive.
-    let (ours, mut theirs) = pair().await;
-    let shared = Arc::new(ReadAfterSend::default());
-    let half = super::super::halves::split(ours).unwrap().0;
-    let mut reader = LookingReader::new(half, shared.clone(), Duration::from_micros(1));
-    let count = Arc::new(Count::default());
-    let waker = futures::task::waker(count.clone());
+    let (mut reader, mut theirs, shared, count, waker) = looking_reader(Duration::from_micros(1)).await;
     let mut polls = 0;
     while poll_read(&mut reader, &waker, &mut buf).is_pending() && count.0.load(Ordering::SeqCst) > polls {
         polls += 1;
