@@ -3,11 +3,17 @@
 //! Request: `[u32 request_len][u32 response_len][request bytes]`; response:
 //! `[u32 len][bytes]` (little endian). One call at a time per connection (a client with more
 //! outstanding calls queues them on the connection's lock).
+//!
+//! Each side reads into a buffer of its own whatever the socket has ([`read_frame`]): a small
+//! message takes one `recv`, as in rpc-core's and tarpc's readers. (Until 2026-12-07 the header
+//! and the body were read apart, two `recv`s a message: 5.2 `recvfrom` a call where one `recv` a
+//! message makes 3.2, and a floor that was ~1 us too high on the host of BENCHMARKS.md's
+//! session 65.)
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use rpc_core::CallInfo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -39,24 +45,53 @@ pub async fn serve(addr: SocketAddr) -> Result<(SocketAddr, JoinHandle<()>), Ben
     Ok((local, task))
 }
 
+/// Reads until `rx` starts with a whole frame: a header of `head` bytes whose first four are the
+/// body's length (little endian), then the body. Returns the frame's length; `None` at the end
+/// of the stream before a frame began. Each read takes whatever the socket has (one `recv` for a
+/// small message), into room for the whole frame once its header is known.
+async fn read_frame(
+    stream: &mut TcpStream,
+    rx: &mut BytesMut,
+    head: usize,
+) -> std::io::Result<Option<usize>> {
+    loop {
+        let want = match rx.get(..4) {
+            Some(len) => {
+                let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]);
+                if len > MAX_LEN {
+                    return Err(std::io::Error::other("length over the limit"));
+                }
+                head + len as usize
+            }
+            None => head,
+        };
+        if rx.len() >= want && rx.len() >= head {
+            return Ok(Some(want));
+        }
+        // Room for the rest of the frame, and at least 4 KiB (a first read of a small message
+        // whose header is not known yet).
+        rx.reserve(want.max(4096) - rx.len());
+        if stream.read_buf(rx).await? == 0 {
+            return match rx.is_empty() {
+                true => Ok(None),
+                false => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            };
+        }
+    }
+}
+
 async fn serve_connection(mut stream: TcpStream) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    let mut buf = Vec::new();
+    let mut rx = BytesMut::new();
     let mut fill = Vec::new();
-    loop {
-        let mut head = [0u8; 8];
-        if stream.read_exact(&mut head).await.is_err() {
-            return Ok(()); // the client closed
-        }
-        let req_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-        let resp_len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-        if req_len > MAX_LEN || resp_len > MAX_LEN {
+    while let Some(frame) = read_frame(&mut stream, &mut rx, 8).await? {
+        let req_len = frame - 8;
+        let resp_len = u32::from_le_bytes([rx[4], rx[5], rx[6], rx[7]]);
+        if resp_len > MAX_LEN {
             return Err(std::io::Error::other("length over the limit"));
         }
-        buf.resize(req_len as usize, 0);
-        stream.read_exact(&mut buf).await?;
-        let body: &[u8] = if resp_len == req_len {
-            &buf
+        let body: &[u8] = if resp_len as usize == req_len {
+            &rx[8..frame]
         } else {
             fill.resize(resp_len as usize, 0xa5);
             &fill[..resp_len as usize]
@@ -64,13 +99,15 @@ async fn serve_connection(mut stream: TcpStream) -> std::io::Result<()> {
         let len = resp_len.to_le_bytes();
         let mut out = Buf::chain(&len[..], body);
         stream.write_all_buf(&mut out).await?;
+        rx.advance(frame);
     }
+    Ok(()) // the client closed
 }
 
 /// A raw TCP client connection.
 #[derive(Debug, Clone)]
 pub struct RawTarget {
-    conn: Arc<Mutex<(TcpStream, Vec<u8>)>>,
+    conn: Arc<Mutex<(TcpStream, BytesMut)>>,
 }
 
 /// A prepared raw request.
@@ -88,7 +125,7 @@ impl Target for RawTarget {
         let stream =
             TcpStream::connect(super::tcp_socket(addr)?).await.map_err(|e| BenchError::connect(addr, e))?;
         stream.set_nodelay(true)?;
-        Ok(RawTarget { conn: Arc::new(Mutex::new((stream, Vec::new()))) })
+        Ok(RawTarget { conn: Arc::new(Mutex::new((stream, BytesMut::new()))) })
     }
 
     fn prepare(&self, workload: Workload, size: usize) -> Result<RawPrepared, BenchError> {
@@ -104,22 +141,86 @@ impl Target for RawTarget {
     async fn call<'a>(&'a self, p: &'a RawPrepared) -> Result<CallInfo, BenchError> {
         let io = |e: std::io::Error| BenchError::Call(format!("raw tcp: {e}"));
         let mut guard = self.conn.lock().await;
-        let (stream, buf) = &mut *guard;
+        let (stream, rx) = &mut *guard;
         let mut out = Buf::chain(&p.head[..], &p.body[..]);
         stream.write_all_buf(&mut out).await.map_err(io)?;
-        let mut len = [0u8; 4];
-        stream.read_exact(&mut len).await.map_err(io)?;
-        let len = u32::from_le_bytes(len);
-        if len > MAX_LEN {
-            return Err(BenchError::Call(format!("raw tcp: response length {len} over the limit")));
-        }
-        buf.resize(len as usize, 0);
-        stream.read_exact(buf).await.map_err(io)?;
-        check(Expect::Bytes(p.response_len), Some(buf.len()), None)?;
+        let frame = read_frame(stream, rx, 4)
+            .await
+            .map_err(io)?
+            .ok_or_else(|| BenchError::Call("raw tcp: the server closed the connection".into()))?;
+        rx.advance(frame);
+        check(Expect::Bytes(p.response_len), Some(frame - 4), None)?;
         Ok(CallInfo::default())
     }
 
     async fn counters(&self) -> Option<Counters> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair of loopback streams.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (a, b) = tokio::join!(TcpStream::connect(listener.local_addr().unwrap()), listener.accept());
+        (a.unwrap(), b.unwrap().0)
+    }
+
+    fn frame(head: usize, body: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; head];
+        f[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        f.extend_from_slice(body);
+        f
+    }
+
+    #[tokio::test]
+    async fn frames_are_read_whole_however_the_bytes_come() {
+        let (mut tx, mut rx_stream) = pair().await;
+        tx.set_nodelay(true).unwrap();
+        let mut rx = BytesMut::new();
+        // Two frames in one write: both come out, one at a time.
+        let mut two = frame(8, b"first");
+        two.extend(frame(8, b"second!"));
+        tx.write_all(&two).await.unwrap();
+        let f = read_frame(&mut rx_stream, &mut rx, 8).await.unwrap().unwrap();
+        assert_eq!(&rx[8..f], b"first");
+        rx.advance(f);
+        let f = read_frame(&mut rx_stream, &mut rx, 8).await.unwrap().unwrap();
+        assert_eq!(&rx[8..f], b"second!");
+        rx.advance(f);
+        // One frame (larger than the first read's room) in pieces: the header split too.
+        let big = frame(4, &[7u8; 10_000]);
+        let writer = tokio::spawn(async move {
+            for piece in [&big[..2], &big[2..3000], &big[3000..]] {
+                tx.write_all(piece).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            tx
+        });
+        let f = read_frame(&mut rx_stream, &mut rx, 4).await.unwrap().unwrap();
+        assert_eq!(f, 4 + 10_000);
+        assert!(rx[4..f].iter().all(|&b| b == 7));
+        rx.advance(f);
+        // The end of the stream between frames is no error; inside one it is.
+        drop(writer.await.unwrap());
+        assert!(read_frame(&mut rx_stream, &mut rx, 4).await.unwrap().is_none());
+        let (mut tx, mut rx_stream) = pair().await;
+        tx.write_all(&frame(4, b"cut short")[..6]).await.unwrap();
+        drop(tx);
+        let err = read_frame(&mut rx_stream, &mut BytesMut::new(), 4).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn a_length_over_the_limit_is_refused_before_room_is_made_for_it() {
+        let (mut tx, mut rx_stream) = pair().await;
+        tx.write_all(&(MAX_LEN + 1).to_le_bytes()).await.unwrap();
+        let mut rx = BytesMut::new();
+        let err = read_frame(&mut rx_stream, &mut rx, 4).await.unwrap_err();
+        assert!(err.to_string().contains("over the limit"), "{err}");
+        assert!(rx.capacity() < 1 << 20, "no room made for the length read: {}", rx.capacity());
     }
 }
