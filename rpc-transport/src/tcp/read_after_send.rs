@@ -78,7 +78,7 @@ pub(crate) struct ReadAfterSend {
     /// Wakers an ask took from `reader`: the reader leaves its waker again when this moved since
     /// it last left it (an ask may take a waker left after the ask raised its flag).
     taken: AtomicU64,
-    /// Looks made, and those that found bytes (or the end of the stream).
+    /// Looks made, and those that found bytes (or the end of the stream, or its error).
     looks: AtomicU64,
     found: AtomicU64,
     /// The reader's busy-poll spins (published by the reader, its only writer).
@@ -239,7 +239,8 @@ impl AsyncRead for LookingReader {
             me.spun = false;
             // The socket is non-blocking: this read returns at once.
             let read = me.half.read_now(buf.initialize_unfilled());
-            let found = read.is_ok();
+            // A look that ends the stream (its end, or an error) found what there was.
+            let found = !matches!(&read, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted));
             if asked {
                 me.shared.record(found);
             }

@@ -195,6 +195,22 @@ async fn a_look_reads_what_lies_in_the_socket_and_an_ask_wakes_the_reader() {
     assert_eq!(shared.looks(), (5, 2));
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn a_look_that_meets_a_reset_counts_as_found_and_returns_the_error() {
+    let (mut reader, theirs, shared, _count, waker) = looking_reader(Duration::ZERO).await;
+    // The peer resets the connection (closed with a zero linger: RST, not FIN).
+    socket2::SockRef::from(&theirs).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(theirs);
+    shared.ask();
+    let mut buf = [0u8; 64];
+    match poll_read(&mut reader, &waker, &mut buf) {
+        Poll::Ready(Err(e)) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset),
+        other => panic!("the look did not return the reset: {other:?}"),
+    }
+    // It found the connection's end, as a look that reads its closing does: not a miss.
+    assert_eq!(shared.looks(), (1, 1));
+}
+
 /// On a runtime with several threads the reader can run between an ask's flag and its wake: it
 /// makes the look and leaves its waker again, and the wake then takes that waker. The reader
 /// must leave its waker again at the poll that wake causes, or the next ask wakes nobody.
