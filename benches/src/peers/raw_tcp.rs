@@ -4,7 +4,7 @@
 //! `[u32 len][bytes]` (little endian). One call at a time per connection (a client with more
 //! outstanding calls queues them on the connection's lock).
 //!
-//! Each side reads into a buffer of its own whatever the socket has ([`read_frame`]): a small
+//! Each side reads into a buffer of its own whatever the socket has (`read_frame`): a small
 //! message takes one `recv`, as in rpc-core's and tarpc's readers. (Until 2026-12-07 the header
 //! and the body were read apart, two `recv`s a message: 5.2 `recvfrom` a call where one `recv` a
 //! message makes 3.2, and a floor that was ~1 us too high on the host of BENCHMARKS.md's
