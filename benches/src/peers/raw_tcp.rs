@@ -7,7 +7,7 @@
 //! Each side reads into a buffer of its own whatever the socket has (`read_frame`): a small
 //! message takes one `recv`, as in rpc-core's and tarpc's readers. (Until 2026-12-07 the header
 //! and the body were read apart, two `recv`s a message: 5.2 `recvfrom` a call where one `recv` a
-//! message makes 3.2, and a floor that was ~1 us too high on the host of BENCHMARKS.md's
+//! message makes 2.0, and a floor that was ~0.9 us too high on the host of BENCHMARKS.md's
 //! session 65.)
 
 use std::net::SocketAddr;
