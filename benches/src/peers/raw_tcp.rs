@@ -65,7 +65,8 @@ async fn read_frame(
             }
             None => head,
         };
-        if rx.len() >= want && rx.len() >= head {
+        // `want` is never below `head`: a whole frame lies in `rx`.
+        if rx.len() >= want {
             return Ok(Some(want));
         }
         // Room for the rest of the frame, and at least 4 KiB (a first read of a small message
