@@ -303,6 +303,15 @@ impl ServerProto {
     /// from making the server produce more of them. The reservation is exchanged for the real
     /// size in [`ServerProto::respond`].
     pub fn try_start_handler(&mut self, call_id: u64, estimate: u64) -> bool {
+        if estimate <= self.link.eager_limit as u64 {
+            // Nothing to reserve, so nothing to note in the call's entry: no lookup (a call
+            // that is gone answers nothing, whatever this says).
+            if self.link.rdv.budget.has_room_for_small() {
+                return true;
+            }
+            self.link.stats.budget_waits += 1;
+            return false;
+        }
         // One lookup (the table is keyed by the peer's ids: a hash that resists collisions).
         let Some(call) = self.calls.get_mut(&call_id) else { return true };
         if call.reserved != 0 {
@@ -310,12 +319,10 @@ impl ServerProto {
         }
         let budget = &mut self.link.rdv.budget;
         let want = match estimate {
-            e if e <= self.link.eager_limit as u64 => 0,
             u64::MAX => budget.limit(),
             e => e,
         };
-        let fits = if want == 0 { budget.has_room_for_small() } else { budget.fits(want) };
-        if !fits {
+        if !budget.fits(want) {
             self.link.stats.budget_waits += 1;
             return false;
         }
