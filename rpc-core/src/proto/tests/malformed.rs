@@ -62,6 +62,37 @@ fn each_malformation_has_its_own_error() {
     assert_eq!(Header::decode(&frame(c, b"x")), Err(ProtoError::UnexpectedBody(Kind::Cancel)));
 }
 
+/// A call id whose response region is still advertised (the client may be READing it) is not
+/// free: a request under it is a duplicate, as long as the region is held, and not after.
+#[test]
+fn a_call_id_whose_response_region_is_still_advertised_is_a_duplicate() {
+    let mut p = Pair::with(1024, 16);
+    p.call(5, payload(8, 1));
+    p.pump();
+    assert_eq!(p.take_requests().len(), 1);
+    // A response over the eager limit: registered, then advertised; the client's READ is held.
+    p.hold_reads = true;
+    assert!(p.server.respond(5, Ok(payload(5000, 2))));
+    p.pump();
+    assert_eq!(p.server.regions_advertised(), 1);
+    assert_eq!(p.server.calls_in_flight(), 0, "the call left the table when its answer was queued");
+    let now = p.now;
+    assert_eq!(p.server.handle_recv(&frame(request(5), b""), now), Err(ProtoError::DuplicateCall(5)));
+
+    // Once the client reports its READ done, the id is free again.
+    let mut q = Pair::with(1024, 16);
+    q.call(5, payload(8, 1));
+    q.pump();
+    q.take_requests();
+    assert!(q.server.respond(5, Ok(payload(5000, 2))));
+    q.pump();
+    assert_eq!(q.take_completions().len(), 1);
+    assert_eq!(q.server.regions_advertised(), 0, "the done report released the region");
+    q.call(5, payload(8, 3));
+    q.pump();
+    assert_eq!(q.take_requests().iter().map(|r| r.0).collect::<Vec<_>>(), [5]);
+}
+
 #[test]
 fn role_violations_are_errors() {
     let mut p = Pair::with(1024, 16);
